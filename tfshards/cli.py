@@ -1,0 +1,269 @@
+"""The `tfshards` command: argparse subcommands. Results go to stdout, errors to stderr.
+
+Exit codes: 0 success, 1 the job failed, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from tfshards.errors import OptionsError, TfshardsError
+
+log = logging.getLogger("tfshards")
+
+
+def _size_arg(parse: Callable):
+    def convert(text: str):
+        try:
+            return parse(text)
+        except OptionsError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__.replace("parse_", "")
+    return convert
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    from tfshards.converters.options import (
+        COMPRESSIONS,
+        DEFAULT_SHARD_SIZE,
+        parse_hw,
+        parse_mask_map,
+        parse_size,
+    )
+    from tfshards.schemas.encodings import IMAGE_ENCODINGS
+
+    p = sub.add_parser(
+        "convert",
+        help="convert image/mask folders into pre-shuffled TFRecord shards",
+        description="Pair images with masks, validate every pair, assign splits by a hash "
+        "of the key, shuffle, and write compressed TFRecord shards plus a manifest "
+        "(tfshards.json) written last.",
+    )
+    g = p.add_argument_group("input and pairing")
+    g.add_argument("--images", required=True, help="folder of images (walked recursively)")
+    g.add_argument("--masks", help="folder of masks (default: --images, with name patterns)")
+    g.add_argument("--image-pattern", help="image file name pattern, e.g. 'image_{key}.png'")
+    g.add_argument("--mask-pattern", help="mask file name pattern, e.g. '{key}_mask.png'")
+    g.add_argument(
+        "--allow-unpaired",
+        action="store_true",
+        help="convert the matched pairs and report orphans and duplicate keys instead of failing",
+    )
+    g = p.add_argument_group("validation")
+    g.add_argument("--num-classes", type=int, help="fail if a mask value is >= this")
+    g.add_argument(
+        "--mask-map",
+        type=_size_arg(parse_mask_map),
+        help="remap mask values first, e.g. 0:0,255:1; unmapped values are errors",
+    )
+    g.add_argument(
+        "--channels",
+        type=int,
+        choices=(1, 3, 4),
+        help="image channels to store (default: 1 if the first image is grayscale, else 3)",
+    )
+    g.add_argument(
+        "--resize",
+        type=_size_arg(parse_hw),
+        metavar="HxW",
+        help="resize images (bicubic) and masks (nearest) to HEIGHTxWIDTH",
+    )
+    g.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a corrupt or invalid pair stops the job (fail, default) or is "
+        "skipped and listed in the manifest (skip)",
+    )
+    g = p.add_argument_group("records and shards")
+    g.add_argument(
+        "--encoding",
+        choices=sorted(IMAGE_ENCODINGS),
+        default="keep",
+        help="image encoding: keep source PNG/JPEG bytes, png, jpeg, or raw pixels (default: keep)",
+    )
+    g.add_argument(
+        "--mask-encoding",
+        choices=sorted(IMAGE_ENCODINGS),
+        default="keep",
+        help="mask encoding: keep, png or raw (jpeg is refused: masks are never stored lossy; default: keep)",
+    )
+    g.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        default="gzip",
+        help="shard compression (default: gzip)",
+    )
+    g.add_argument("--compression-level", type=int, default=6, help="zlib level 0-9 (default 6)")
+    shards = g.add_mutually_exclusive_group()
+    shards.add_argument(
+        "--num-shards",
+        type=int,
+        help="shards for the largest split; others get a proportional count",
+    )
+    shards.add_argument(
+        "--shard-size",
+        type=_size_arg(parse_size),
+        default=DEFAULT_SHARD_SIZE,
+        help="target bytes per shard before compression, e.g. 128MiB (default)",
+    )
+    g.add_argument("--val-fraction", type=float, default=0.0, help="fraction of pairs for 'val'")
+    g.add_argument("--test-fraction", type=float, default=0.0, help="fraction for 'test'")
+    g.add_argument("--seed", type=int, default=0, help="shuffle and split seed (default 0)")
+    g = p.add_argument_group("output and execution")
+    g.add_argument("--out", required=True, help="output folder")
+    g.add_argument("--workers", type=int, help="parallel processes (default: all cores)")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted conversion, keeping complete shards",
+    )
+    mode.add_argument(
+        "--overwrite", action="store_true", help="replace a previous conversion in --out"
+    )
+    p.set_defaults(run=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from tfshards.converters.convert import convert_with_report
+    from tfshards.converters.options import ConvertOptions
+
+    options = ConvertOptions(
+        encoding=args.encoding,
+        mask_encoding=args.mask_encoding,
+        compression=args.compression,
+        compression_level=args.compression_level,
+        num_shards=args.num_shards,
+        shard_size=args.shard_size,
+        val_fraction=args.val_fraction,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+        channels=args.channels,
+        num_classes=args.num_classes,
+        mask_map=args.mask_map,
+        resize=args.resize,
+        on_error=args.on_error,
+    )
+    result = convert_with_report(
+        args.images,
+        args.masks,
+        args.out,
+        options=options,
+        image_pattern=args.image_pattern,
+        mask_pattern=args.mask_pattern,
+        allow_unpaired=args.allow_unpaired,
+        workers=args.workers,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    print(conversion_summary(result))
+    return 0
+
+
+def conversion_summary(result) -> str:
+    manifest = result.manifest
+    total = manifest.total_records
+    lines = [
+        f"wrote {result.path}  ({result.shards_written} shards written, "
+        f"{result.shards_reused} reused, {result.seconds:.1f} s, "
+        f"{total / max(result.seconds, 1e-9):.0f} pairs/s)"
+    ]
+    for name, split in manifest.splits.items():
+        lines.append(
+            f"  {name:5s} {split.records:8d} pairs  {len(split.shards):5d} shards  "
+            f"{split.bytes / 2**20:10.1f} MiB"
+        )
+    if manifest.skipped:
+        lines.append(f"  skipped {len(manifest.skipped)} pairs (listed in tfshards.json):")
+        lines += [f"    {s.key}: {s.file}: {s.reason}" for s in manifest.skipped[:10]]
+    unpaired = {k: v for k, v in manifest.unpaired.items() if v}
+    if unpaired:
+        lines.append(
+            "  left out: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in unpaired.items())
+        )
+    return "\n".join(lines)
+
+
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "synth",
+        help="write a synthetic image/mask dataset to try things on",
+        description="Write OUT/images/NNNNN.png and OUT/masks/NNNNN.png: random shapes whose "
+        "classes are in the masks (0 is background).",
+    )
+    p.add_argument("out", help="output folder")
+    p.add_argument("--count", type=int, default=200, help="number of pairs (default 200)")
+    p.add_argument("--size", type=int, default=256, help="height and width (default 256)")
+    p.add_argument("--classes", type=int, default=3, help="classes incl. background (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--image-format",
+        choices=("png", "jpeg"),
+        default="png",
+        help="image file format (default png)",
+    )
+    p.add_argument("--palette-masks", action="store_true", help="write palette (P) PNG masks")
+    p.add_argument("--grayscale", action="store_true", help="write 1-channel images")
+    p.set_defaults(run=_run_synth)
+
+
+def _run_synth(args: argparse.Namespace) -> int:
+    from tfshards.converters.synth import synth
+
+    images, masks = synth(
+        args.out,
+        count=args.count,
+        size=args.size,
+        classes=args.classes,
+        seed=args.seed,
+        image_format=args.image_format,
+        palette_masks=args.palette_masks,
+        channels=1 if args.grayscale else 3,
+    )
+    print(f"wrote {args.count} pairs: images in {images}, masks in {masks}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfshards",
+        description="Convert image/mask folders into pre-shuffled TFRecord shards and stream "
+        "them into Keras training.",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_synth, _add_convert]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="tfshards: %(levelname)s: %(message)s")
+    try:
+        return args.run(args)
+    except OptionsError as exc:
+        print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except TfshardsError as exc:
+        print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"tfshards {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""`tfshards.convert`: pair -> validate -> split -> shuffle -> plan -> encode -> write -> manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import queue
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from tqdm import tqdm
+
+from tfshards.converters.options import ConvertOptions
+from tfshards.converters.output import OutputFolder
+from tfshards.converters.pairing import Pair, PairingReport, checked_pairs, pair_files
+from tfshards.converters.planning import ShardSpec, plan_shards
+from tfshards.converters.shard_job import (
+    ShardResult,
+    init_worker,
+    write_shard,
+    write_shard_in_worker,
+)
+from tfshards.converters.validation import image_channels
+from tfshards.schemas.manifest import Manifest, ShardInfo, SplitInfo
+
+log = logging.getLogger("tfshards")
+_HEADER_SAMPLE = 32
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a conversion produced, with what it took (the manifest holds no timings)."""
+
+    manifest: Manifest
+    path: Path
+    seconds: float
+    shards_written: int
+    shards_reused: int
+    pairing: PairingReport
+
+
+def convert(
+    images: str | os.PathLike,
+    masks: str | os.PathLike | None,
+    out: str | os.PathLike,
+    *,
+    options: ConvertOptions | None = None,
+    image_pattern: str | None = None,
+    mask_pattern: str | None = None,
+    allow_unpaired: bool = False,
+    workers: int | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    **option_values: Any,
+) -> Manifest:
+    """Convert an image folder and a mask folder into TFRecord shards; return the manifest.
+
+    Option values may be given as keywords (see :class:`ConvertOptions`):
+
+    >>> manifest = tfshards.convert("data/images", "data/masks", "shards",
+    ...                             val_fraction=0.1, num_classes=3, seed=0)  # doctest: +SKIP
+    >>> manifest.splits["train"].records  # doctest: +SKIP
+    180
+    """
+    return convert_with_report(
+        images,
+        masks,
+        out,
+        options=options,
+        image_pattern=image_pattern,
+        mask_pattern=mask_pattern,
+        allow_unpaired=allow_unpaired,
+        workers=workers,
+        resume=resume,
+        overwrite=overwrite,
+        progress=progress,
+        **option_values,
+    ).manifest
+
+
+def convert_with_report(
+    images: str | os.PathLike,
+    masks: str | os.PathLike | None,
+    out: str | os.PathLike,
+    *,
+    options: ConvertOptions | None = None,
+    image_pattern: str | None = None,
+    mask_pattern: str | None = None,
+    allow_unpaired: bool = False,
+    workers: int | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    **option_values: Any,
+) -> ConvertResult:
+    """Like :func:`convert`, also returning timing and pairing details (used by the CLI)."""
+    started = time.perf_counter()
+    options = replace(options or ConvertOptions(), **option_values)
+    report = pair_files(images, masks, image_pattern=image_pattern, mask_pattern=mask_pattern)
+    pairs = checked_pairs(report, allow_unpaired=allow_unpaired, where=str(images))
+    for problem in report.problems:
+        log.warning("%s (left out: --allow-unpaired)", problem)
+    channels = options.channels or image_channels(pairs[0].image)
+    options = replace(options, channels=channels)
+    specs = plan_shards(
+        pairs,
+        seed=options.seed,
+        val_fraction=options.val_fraction,
+        test_fraction=options.test_fraction,
+        compression=options.compression,
+        num_shards=options.num_shards,
+        shard_size=options.shard_size,
+        pair_bytes=_estimated_pair_bytes(pairs, options, channels),
+    )
+    source = {
+        "images": str(Path(images).resolve()),
+        "masks": str(Path(masks if masks is not None else images).resolve()),
+        "image_pattern": image_pattern,
+        "mask_pattern": mask_pattern,
+        "fingerprint": _job_fingerprint(pairs, options),
+    }
+    out = Path(out)
+    with OutputFolder(out, resume=resume, overwrite=overwrite) as folder:
+        begun = folder.begin(source["fingerprint"])
+        if isinstance(begun, Manifest):
+            log.info("%s is already complete; nothing to do", out)
+            return ConvertResult(begun, out, time.perf_counter() - started, 0, len(specs), report)
+        todo = [spec for spec in specs if spec.file_name not in begun]
+        if begun:
+            log.info("resuming: %d of %d shards already complete", len(begun), len(specs))
+        results = dict(begun)
+        for result in _write_shards(todo, options, channels, out, workers, progress):
+            folder.record(result)
+            results[result.file] = result
+        manifest = _manifest(specs, results, options, source, report)
+        folder.publish(manifest)
+    return ConvertResult(
+        manifest, out, time.perf_counter() - started, len(todo), len(begun), report
+    )
+
+
+def _estimated_pair_bytes(
+    pairs: Sequence[Pair], options: ConvertOptions, channels: int
+) -> dict[str, int]:
+    """Bytes each pair will take in a shard, before compression (for shard counts)."""
+    if options.encoding != "raw":
+        return {p.key: p.image.stat().st_size + p.mask.stat().st_size for p in pairs}
+    if options.resize is not None:
+        height, width = options.resize
+        pixels = height * width
+    else:
+        sizes = []
+        for pair in pairs[:_HEADER_SAMPLE]:
+            try:
+                with Image.open(pair.image) as image:
+                    sizes.append(image.width * image.height)
+            except Exception:  # noqa: BLE001 - an unreadable file is reported when encoded
+                continue
+        pixels = sum(sizes) // max(len(sizes), 1)
+    return {p.key: pixels * (channels + 1) for p in pairs}
+
+
+def _job_fingerprint(pairs: Sequence[Pair], options: ConvertOptions) -> str:
+    """Identifies the inputs (paths, sizes, mtimes) and options, to guard --resume."""
+    digest = hashlib.sha256(json.dumps(options.to_json(), sort_keys=True).encode())
+    for pair in pairs:
+        for path in (pair.image, pair.mask):
+            stat = path.stat()
+            digest.update(
+                f"{pair.key}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode(
+                    "utf-8", "surrogateescape"
+                )
+            )
+    return digest.hexdigest()
+
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _write_shards(
+    specs: list[ShardSpec],
+    options: ConvertOptions,
+    channels: int,
+    out: Path,
+    workers: int | None,
+    progress: bool,
+):
+    """Yield ShardResults as shards complete, in-process or in worker processes."""
+    workers = min(workers or default_workers(), max(len(specs), 1))
+    total = sum(len(spec.pairs) for spec in specs)
+    with tqdm(total=total, unit="pair", disable=not progress, dynamic_ncols=True) as bar:
+        meter = _Meter(bar)
+        if workers <= 1:
+            for spec in specs:
+                yield write_shard(spec, options, channels, out, meter.update)
+            return
+        context = multiprocessing.get_context("spawn")
+        updates = context.Queue()
+        with ProcessPoolExecutor(
+            workers, mp_context=context, initializer=init_worker, initargs=(updates,)
+        ) as pool:
+            pending: set[Future] = {
+                pool.submit(write_shard_in_worker, spec, options, channels, out) for spec in specs
+            }
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    meter.drain(updates)
+                    for future in done:
+                        yield future.result()
+                meter.drain(updates)
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+
+
+class _Meter:
+    """Feeds the progress bar with pairs and source MB/s."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+        self.source_bytes = 0
+        self.started = time.perf_counter()
+
+    def update(self, pairs: int, source_bytes: int) -> None:
+        self.source_bytes += source_bytes
+        self.bar.update(pairs)
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.set_postfix_str(f"{self.source_bytes / elapsed / 1e6:.1f} MB/s", refresh=False)
+
+    def drain(self, updates: multiprocessing.Queue) -> None:
+        while True:
+            try:
+                self.update(*updates.get_nowait())
+            except queue.Empty:
+                return
+
+
+def _manifest(
+    specs: list[ShardSpec],
+    results: dict[str, ShardResult],
+    options: ConvertOptions,
+    source: dict[str, Any],
+    report: PairingReport,
+) -> Manifest:
+    splits: dict[str, SplitInfo] = {}
+    for split in dict.fromkeys(spec.split for spec in specs):
+        shard_results = [results[s.file_name] for s in specs if s.split == split]
+        pixels = [sum(column) for column in zip(*(r.class_pixels for r in shard_results))]
+        classes = options.num_classes or (
+            max(i for i, n in enumerate(pixels) if n) + 1 if any(pixels) else 1
+        )
+        splits[split] = SplitInfo(
+            records=sum(r.records for r in shard_results),
+            bytes=sum(r.bytes for r in shard_results),
+            class_pixels=pixels[:classes],
+            shards=[ShardInfo(r.file, r.records, r.bytes, r.sha256) for r in shard_results],
+        )
+    sizes = {size for r in results.values() for size in r.image_sizes}
+    height, width = next(iter(sizes)) if len(sizes) == 1 else (None, None)
+    return Manifest(
+        image={
+            "encoding": options.encoding,
+            "channels": options.channels,
+            "height": height,
+            "width": width,
+        },
+        mask={
+            "encoding": options.mask_encoding,
+            "num_classes": options.num_classes,
+            "mask_map": [list(entry) for entry in options.mask_map or ()],
+        },
+        compression={"type": options.compression, "level": options.compression_level},
+        seed=options.seed,
+        options=options.to_json(),
+        source=source,
+        splits=splits,
+        skipped=[s for spec in specs for s in results[spec.file_name].skipped],
+        unpaired={
+            "images": len(report.unmatched_images),
+            "masks": len(report.unmatched_masks),
+            "duplicate_keys": len(report.duplicate_keys),
+            "ignored_files": report.ignored_files,
+        },
+    )

@@ -1,0 +1,128 @@
+"""Conversion options: one frozen dataclass that checks itself on creation."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tfshards.errors import OptionsError
+from tfshards.schemas.encodings import image_encoding, mask_encoding
+
+DEFAULT_SHARD_SIZE = 128 * 2**20
+COMPRESSIONS = ("none", "gzip", "zlib")
+ON_ERROR = ("fail", "skip")
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 10**9,
+    "gib": 2**30,
+}
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything that decides the bytes of the output.
+
+    >>> ConvertOptions(encoding="raw", val_fraction=0.1, num_classes=2)  # doctest: +ELLIPSIS
+    ConvertOptions(encoding='raw', ...)
+    """
+
+    encoding: str = "keep"
+    mask_encoding: str = "keep"
+    compression: str = "gzip"
+    compression_level: int = 6
+    num_shards: int | None = None
+    shard_size: int = DEFAULT_SHARD_SIZE
+    val_fraction: float = 0.0
+    test_fraction: float = 0.0
+    seed: int = 0
+    channels: int | None = None
+    num_classes: int | None = None
+    mask_map: tuple[tuple[int, int], ...] | None = None
+    resize: tuple[int, int] | None = None
+    on_error: str = "fail"
+
+    def __post_init__(self) -> None:
+        image_encoding(self.encoding)
+        mask_encoding(self.mask_encoding)
+        _one_of("compression", self.compression, COMPRESSIONS)
+        _one_of("on_error", self.on_error, ON_ERROR)
+        if not 0 <= self.compression_level <= 9:
+            raise OptionsError(
+                f"compression_level must be 0..9 (zlib levels), got {self.compression_level}"
+            )
+        if self.num_shards is not None and self.num_shards < 1:
+            raise OptionsError(f"num_shards must be at least 1, got {self.num_shards}")
+        if self.shard_size < 1:
+            raise OptionsError(f"shard_size must be positive, got {self.shard_size}")
+        for name in ("val_fraction", "test_fraction"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise OptionsError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise OptionsError(
+                "val_fraction + test_fraction must leave some pairs for training, got "
+                f"{self.val_fraction} + {self.test_fraction}"
+            )
+        if self.channels not in (None, 1, 3, 4):
+            raise OptionsError(f"channels must be 1, 3 or 4 (or None: auto), got {self.channels}")
+        if self.channels == 4 and self.encoding == "jpeg":
+            raise OptionsError("JPEG cannot store 4 channels (RGBA); use png or raw")
+        if self.num_classes is not None and not 1 <= self.num_classes <= 256:
+            raise OptionsError(
+                f"num_classes must be 1..256 (masks are stored as uint8), got {self.num_classes}"
+            )
+        if self.mask_map is not None:
+            for source, target in self.mask_map:
+                if not 0 <= source < 2**16 or not 0 <= target < 256:
+                    raise OptionsError(
+                        f"mask_map entry {source}:{target}: sources must be 0..65535 and "
+                        "targets 0..255"
+                    )
+        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
+            raise OptionsError(f"resize must be (height, width) > 0, got {self.resize}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise OptionsError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
+
+
+def parse_size(text: str) -> int:
+    """'128MiB' -> 134217728; plain numbers are bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise OptionsError(f"size {text!r} not understood; use e.g. 128MiB, 500MB, 1GiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_mask_map(text: str) -> tuple[tuple[int, int], ...]:
+    """'0:0,255:1' -> ((0, 0), (255, 1))."""
+    entries = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise OptionsError(f"mask map entry {item!r} not understood; use e.g. 0:0,255:1")
+        entries.append((int(parts[0]), int(parts[1])))
+    sources = [s for s, _ in entries]
+    if len(set(sources)) != len(sources):
+        raise OptionsError(f"mask map {text!r} maps a value twice")
+    return tuple(sorted(entries))
+
+
+def parse_hw(text: str) -> tuple[int, int]:
+    """'256x320' -> (256, 320), height first."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match:
+        raise OptionsError(f"size {text!r} not understood; use HEIGHTxWIDTH, e.g. 256x256")
+    return int(match.group(1)), int(match.group(2))

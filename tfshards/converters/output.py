@@ -1,0 +1,153 @@
+"""The output folder of a conversion: a lock, a resume journal, overwrite and publish.
+
+While a conversion runs the folder holds::
+
+    .tfshards.lock          flock()ed by the running convert (released even on kill -9)
+    .tfshards-work/job.json the job's fingerprint (inputs and options)
+    .tfshards-work/done/    one JSON per completed shard (its record count, hash...)
+    .<shard>.tmp            a shard being written
+
+The manifest is written last and the work folder removed after it, so a
+folder without ``tfshards.json`` is never mistaken for a complete dataset.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from tfshards.converters.shard_job import ShardResult
+from tfshards.errors import OutputError
+from tfshards.schemas.manifest import MANIFEST_NAME, Manifest, SkippedPair
+
+LOCK_NAME = ".tfshards.lock"
+WORK_NAME = ".tfshards-work"
+_OWN_FILE = re.compile(r"^\.?(train|val|test)-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?(\.tmp)?$")
+log = logging.getLogger("tfshards")
+
+
+class OutputFolder:
+    """Hold the output folder for one conversion.
+
+    >>> with OutputFolder(Path("shards"), resume=False, overwrite=False) as folder:
+    ...     done = folder.begin(fingerprint)  # doctest: +SKIP
+    """
+
+    def __init__(self, path: Path, *, resume: bool, overwrite: bool) -> None:
+        self.path = Path(path)
+        self.resume = resume
+        self.overwrite = overwrite
+        self.work = self.path / WORK_NAME
+        self._lock_file = None
+
+    def __enter__(self) -> OutputFolder:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.path / LOCK_NAME, "a+")  # noqa: SIM115 - closed in __exit__
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise OutputError(
+                f"{self.path}: another tfshards convert is writing to this folder; "
+                "wait for it to finish"
+            ) from None
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+        self._lock_file.close()
+
+    def begin(self, fingerprint: str) -> dict[str, ShardResult] | Manifest:
+        """Prepare for writing; return the shards already done, or a complete manifest."""
+        existing = [p for p in self.path.iterdir() if p.name != LOCK_NAME]
+        if self.overwrite:
+            self._remove_own_files()
+        elif self.resume:
+            complete = self._resumable(fingerprint)
+            if complete is not None:
+                return complete
+        elif existing:
+            raise OutputError(
+                f"{self.path} is not empty ({len(existing)} entries, e.g. {existing[0].name}); "
+                "pass --resume to finish an interrupted conversion or --overwrite to replace it"
+            )
+        for stale in self.path.glob(".*.tmp"):
+            stale.unlink()
+        (self.work / "done").mkdir(parents=True, exist_ok=True)
+        _write_json(self.work / "job.json", {"fingerprint": fingerprint})
+        return self._completed()
+
+    def _resumable(self, fingerprint: str) -> Manifest | None:
+        manifest_path = self.path / MANIFEST_NAME
+        if manifest_path.exists():
+            manifest = Manifest.load(self.path)
+            if manifest.source.get("fingerprint") == fingerprint:
+                return manifest
+            raise OutputError(
+                f"{self.path} holds a complete conversion of other inputs or options; "
+                "pass --overwrite to replace it"
+            )
+        job = self.work / "job.json"
+        if job.exists() and json.loads(job.read_text())["fingerprint"] != fingerprint:
+            raise OutputError(
+                f"{self.path}: the inputs or options changed since the interrupted conversion "
+                "(files added, removed or modified, or different options), so its shards cannot "
+                "be reused; rerun with the same inputs and options, or pass --overwrite"
+            )
+        if not job.exists():
+            shutil.rmtree(self.work, ignore_errors=True)
+        return None
+
+    def _completed(self) -> dict[str, ShardResult]:
+        done = {}
+        for record in sorted((self.work / "done").glob("*.json")):
+            result = _result_from_json(json.loads(record.read_text()))
+            shard = self.path / result.file
+            if shard.is_file() and shard.stat().st_size == result.bytes:
+                done[result.file] = result
+        return done
+
+    def record(self, result: ShardResult) -> None:
+        """Journal a shard that is complete on disk, so a resume can skip it."""
+        _write_json(self.work / "done" / f"{result.file}.json", asdict(result))
+
+    def publish(self, manifest: Manifest) -> None:
+        manifest.save(self.path)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def _remove_own_files(self) -> None:
+        # The manifest goes first: from then on the folder never claims completeness.
+        (self.path / MANIFEST_NAME).unlink(missing_ok=True)
+        others = []
+        for entry in self.path.iterdir():
+            if _OWN_FILE.match(entry.name):
+                entry.unlink()
+            elif entry.name == WORK_NAME:
+                shutil.rmtree(entry)
+            elif entry.name != LOCK_NAME:
+                others.append(entry.name)
+        if others:
+            log.warning(
+                "--overwrite left %d files tfshards did not write in %s (e.g. %s)",
+                len(others),
+                self.path,
+                others[0],
+            )
+
+
+def _write_json(path: Path, body: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+
+
+def _result_from_json(body: dict) -> ShardResult:
+    body["skipped"] = [SkippedPair(**item) for item in body["skipped"]]
+    body["image_sizes"] = [tuple(size) for size in body["image_sizes"]]
+    return ShardResult(**body)

@@ -1,0 +1,201 @@
+"""Pair image files with mask files by key, and report every file that does not pair.
+
+Default rule: an image and a mask pair up when their paths relative to the
+image and mask folders are equal without the extension (``a/001.jpg`` pairs
+with ``a/001.png``). With name patterns such as ``image_{key}.png`` and
+``{key}_mask.png`` one folder can hold both; the key is the relative folder
+plus the ``{key}`` part of the name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tfshards.errors import OptionsError, PairingError
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
+SHOWN_PATHS = 5
+
+
+@dataclass(frozen=True)
+class Pair:
+    key: str
+    image: Path
+    mask: Path
+
+
+@dataclass(frozen=True)
+class PairingReport:
+    pairs: list[Pair]
+    unmatched_images: list[Path] = field(default_factory=list)
+    unmatched_masks: list[Path] = field(default_factory=list)
+    duplicate_keys: dict[str, list[Path]] = field(default_factory=dict)
+    ignored_files: int = 0
+
+    @property
+    def problems(self) -> list[str]:
+        lines = []
+        if self.unmatched_images:
+            lines.append(_listing("images without a mask", self.unmatched_images))
+        if self.unmatched_masks:
+            lines.append(_listing("masks without an image", self.unmatched_masks))
+        if self.duplicate_keys:
+            shown = [
+                f"{key!r}: " + ", ".join(str(p) for p in paths)
+                for key, paths in list(self.duplicate_keys.items())[:SHOWN_PATHS]
+            ]
+            lines.append(
+                f"{len(self.duplicate_keys)} keys claimed by more than one file: "
+                + "; ".join(shown)
+                + (" ..." if len(self.duplicate_keys) > SHOWN_PATHS else "")
+            )
+        return lines
+
+
+def _listing(what: str, paths: list[Path]) -> str:
+    shown = ", ".join(str(p) for p in paths[:SHOWN_PATHS])
+    more = " ..." if len(paths) > SHOWN_PATHS else ""
+    return f"{len(paths)} {what}: {shown}{more}"
+
+
+class KeyPattern:
+    """A file name pattern holding ``{key}`` once, such as ``image_{key}.png``."""
+
+    def __init__(self, pattern: str) -> None:
+        if pattern.count("{key}") != 1 or "/" in pattern:
+            raise OptionsError(
+                f"name pattern {pattern!r} must contain '{{key}}' exactly once and no '/'; "
+                "e.g. 'image_{key}.png' or '{key}_mask.png'"
+            )
+        prefix, suffix = pattern.split("{key}")
+        self.pattern = pattern
+        self._regex = re.compile(re.escape(prefix) + "(?P<key>.+)" + re.escape(suffix) + r"\Z")
+
+    def key_of(self, name: str) -> str | None:
+        match = self._regex.match(name)
+        return match.group("key") if match else None
+
+
+def _walk_files(root: Path) -> list[Path]:
+    """All files under root, sorted, without following directory links (no loops)."""
+    if not root.is_dir():
+        raise PairingError(f"{root}: not a folder")
+    found: list[Path] = []
+
+    def on_error(exc: OSError) -> None:
+        raise PairingError(f"{exc.filename}: cannot list folder ({exc.strerror})") from exc
+
+    for folder, subfolders, files in os.walk(root, onerror=on_error):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        found.extend(Path(folder, name) for name in files)
+    return sorted(found)
+
+
+def _keyed_files(root: Path, pattern: KeyPattern | None) -> tuple[dict[str, list[Path]], int]:
+    """Map key -> files under root that match; also count the files ignored."""
+    keyed: dict[str, list[Path]] = defaultdict(list)
+    ignored = 0
+    for path in _walk_files(root):
+        relative = path.relative_to(root)
+        if path.name.startswith(".") or path.suffix.lower() not in IMAGE_SUFFIXES:
+            ignored += 1
+            continue
+        if pattern is None:
+            key = relative.with_suffix("").as_posix()
+        else:
+            name_key = pattern.key_of(path.name)
+            if name_key is None:
+                ignored += 1
+                continue
+            key = (relative.parent / name_key).as_posix()
+        keyed[key].append(path)
+    return keyed, ignored
+
+
+def pair_files(
+    images: str | os.PathLike,
+    masks: str | os.PathLike | None = None,
+    *,
+    image_pattern: str | None = None,
+    mask_pattern: str | None = None,
+) -> PairingReport:
+    """List and pair image/mask files; the result is sorted by key and deterministic.
+
+    >>> report = pair_files("data/images", "data/masks")  # doctest: +SKIP
+    >>> report.pairs[0].key, report.problems  # doctest: +SKIP
+    ('0001', [])
+    """
+    images_root = Path(images)
+    masks_root = Path(masks) if masks is not None else images_root
+    if (image_pattern is None) != (mask_pattern is None):
+        raise OptionsError("give both --image-pattern and --mask-pattern, or neither")
+    if image_pattern is None and images_root.resolve() == masks_root.resolve():
+        raise OptionsError(
+            f"images and masks are both in {images_root}: give --image-pattern and "
+            "--mask-pattern (e.g. 'image_{key}.png' and 'mask_{key}.png') to tell them apart"
+        )
+    image_keys, ignored_images = _keyed_files(
+        images_root, KeyPattern(image_pattern) if image_pattern else None
+    )
+    mask_keys, ignored_masks = _keyed_files(
+        masks_root, KeyPattern(mask_pattern) if mask_pattern else None
+    )
+    ignored = ignored_images + ignored_masks
+    if images_root.resolve() == masks_root.resolve():
+        # One folder walked twice: a file is ignored only if neither pattern matched it.
+        matched = {p for ps in image_keys.values() for p in ps} | {
+            p for ps in mask_keys.values() for p in ps
+        }
+        ignored = sum(1 for p in _walk_files(images_root) if p not in matched)
+    return _match(image_keys, mask_keys, ignored)
+
+
+def _match(
+    image_keys: dict[str, list[Path]], mask_keys: dict[str, list[Path]], ignored: int
+) -> PairingReport:
+    duplicates = {
+        key: image_keys.get(key, []) + mask_keys.get(key, [])
+        for key in sorted(image_keys.keys() | mask_keys.keys())
+        if len(image_keys.get(key, [])) > 1 or len(mask_keys.get(key, [])) > 1
+    }
+    pairs = [
+        Pair(key, image_keys[key][0], mask_keys[key][0])
+        for key in sorted(image_keys.keys() & mask_keys.keys())
+        if key not in duplicates
+    ]
+    return PairingReport(
+        pairs=pairs,
+        unmatched_images=sorted(
+            p
+            for k, ps in image_keys.items()
+            if k not in mask_keys and k not in duplicates
+            for p in ps
+        ),
+        unmatched_masks=sorted(
+            p
+            for k, ps in mask_keys.items()
+            if k not in image_keys and k not in duplicates
+            for p in ps
+        ),
+        duplicate_keys=duplicates,
+        ignored_files=ignored,
+    )
+
+
+def checked_pairs(report: PairingReport, *, allow_unpaired: bool, where: str) -> list[Pair]:
+    """The pairs to convert, or a PairingError describing why there are none to trust."""
+    if not report.pairs:
+        detail = "; ".join(report.problems) or f"{report.ignored_files} non-image files ignored"
+        raise PairingError(f"no image/mask pairs found in {where} ({detail})")
+    if report.problems and not allow_unpaired:
+        raise PairingError(
+            "images and masks do not pair up:\n  "
+            + "\n  ".join(report.problems)
+            + "\nfix the file names, or pass --allow-unpaired to convert the "
+            f"{len(report.pairs)} matched pairs and report the rest"
+        )
+    return report.pairs

@@ -1,0 +1,116 @@
+"""Write one planned shard: decode, validate and encode its pairs, in record order.
+
+This runs in worker processes, which import neither TensorFlow nor tqdm.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tfshards.converters.options import ConvertOptions
+from tfshards.converters.planning import ShardSpec
+from tfshards.converters.validation import prepare_pair
+from tfshards.converters.writer import ShardWriter
+from tfshards.errors import PairError
+from tfshards.schemas.encodings import image_encoding, mask_encoding
+from tfshards.schemas.manifest import SkippedPair
+from tfshards.schemas.record import EncodedPair
+
+ProgressCallback = Callable[[int, int], None]  # (pairs done, source bytes read)
+
+
+@dataclass
+class ShardResult:
+    file: str
+    split: str
+    records: int
+    bytes: int
+    sha256: str
+    class_pixels: list[int]
+    image_sizes: list[tuple[int, int]]  # distinct (height, width), at most two kept
+    skipped: list[SkippedPair] = field(default_factory=list)
+
+
+def write_shard(
+    spec: ShardSpec,
+    options: ConvertOptions,
+    channels: int,
+    out_dir: Path,
+    progress: ProgressCallback | None = None,
+) -> ShardResult:
+    encode_image = image_encoding(options.encoding).encode
+    encode_mask = mask_encoding(options.mask_encoding).encode
+    class_pixels = np.zeros(256, dtype=np.int64)
+    sizes: list[tuple[int, int]] = []
+    skipped: list[SkippedPair] = []
+    with ShardWriter(
+        out_dir / spec.file_name, compression=options.compression, level=options.compression_level
+    ) as writer:
+        for pair in spec.pairs:
+            try:
+                prepared = prepare_pair(pair, options, channels)
+            except PairError as exc:
+                if options.on_error == "fail":
+                    raise
+                skipped.append(SkippedPair(exc.key, exc.path, exc.reason))
+                _report(progress, pair)
+                continue
+            height, width = prepared.mask.shape
+            image_bytes, image_format = encode_image(prepared.image, prepared.image_source)
+            mask_bytes, mask_format = encode_mask(prepared.mask, prepared.mask_source)
+            writer.write(
+                EncodedPair(
+                    prepared.key,
+                    image_bytes,
+                    image_format,
+                    height,
+                    width,
+                    channels,
+                    mask_bytes,
+                    mask_format,
+                ).to_example()
+            )
+            class_pixels += np.bincount(prepared.mask.ravel(), minlength=256)
+            if (height, width) not in sizes and len(sizes) < 2:
+                sizes.append((height, width))
+            _report(
+                progress, pair, len(prepared.image_source.data) + len(prepared.mask_source.data)
+            )
+    return ShardResult(
+        file=spec.file_name,
+        split=spec.split,
+        records=writer.records,
+        bytes=writer.bytes,
+        sha256=writer.sha256,
+        class_pixels=class_pixels.tolist(),
+        image_sizes=sizes,
+        skipped=skipped,
+    )
+
+
+def _report(progress: ProgressCallback | None, pair, source_bytes: int = 0) -> None:
+    if progress is not None:
+        progress(1, source_bytes)
+
+
+# Worker-process side: the progress queue is handed over once, at process start.
+_worker_queue: multiprocessing.Queue | None = None
+
+
+def init_worker(queue: multiprocessing.Queue) -> None:
+    global _worker_queue
+    _worker_queue = queue
+
+
+def write_shard_in_worker(
+    spec: ShardSpec, options: ConvertOptions, channels: int, out_dir: Path
+) -> ShardResult:
+    def progress(pairs: int, source_bytes: int) -> None:
+        _worker_queue.put((pairs, source_bytes))
+
+    return write_shard(spec, options, channels, out_dir, progress)

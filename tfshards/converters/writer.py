@@ -1,0 +1,94 @@
+"""Write one shard file crash-safely: a temporary name, renamed only when complete."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from pathlib import Path
+from types import TracebackType
+
+from tfshards.schemas.tfrecord import frame_record
+
+TMP_SUFFIX = ".tmp"
+_ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "zlib": zlib.MAX_WBITS}
+_BUFFER_BYTES = 4 * 2**20
+
+
+class ShardWriter:
+    """A context manager that writes TFRecords to ``path`` and publishes it on success.
+
+    The file is built as ``.<name>.tmp``, fsynced, then renamed; on an
+    exception the temporary file is removed, so a shard name on disk always
+    means a complete shard. The sha256 and size of the final bytes are
+    computed while writing.
+
+    >>> with ShardWriter(Path("train-00000-of-00001.tfrecord.gz"), compression="gzip") as w:
+    ...     w.write(example_bytes)  # doctest: +SKIP
+    """
+
+    def __init__(self, path: Path, *, compression: str = "none", level: int = 6) -> None:
+        self.path = Path(path)
+        self.tmp_path = self.path.with_name(f".{self.path.name}{TMP_SUFFIX}")
+        self.records = 0
+        self.bytes = 0
+        self._sha256 = hashlib.sha256()
+        self._compressor = (
+            zlib.compressobj(level, zlib.DEFLATED, _ZLIB_WBITS[compression])
+            if compression != "none"
+            else None
+        )
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._file = None
+
+    def __enter__(self) -> ShardWriter:
+        self._file = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in __exit__
+        return self
+
+    def write(self, record: bytes) -> None:
+        framed = frame_record(record)
+        self.records += 1
+        if self._compressor is not None:
+            framed = self._compressor.compress(framed)
+        self._emit(framed)
+
+    def _emit(self, data: bytes, *, flush: bool = False) -> None:
+        if data:
+            self._pending.append(data)
+            self._pending_bytes += len(data)
+        if self._pending_bytes >= _BUFFER_BYTES or (flush and self._pending):
+            chunk = b"".join(self._pending)
+            self._sha256.update(chunk)
+            self._file.write(chunk)
+            self.bytes += len(chunk)
+            self._pending, self._pending_bytes = [], 0
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256.hexdigest()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        published = False
+        try:
+            if exc_type is None:
+                self._finish()
+                published = True
+        finally:
+            self._file.close()
+            if published:
+                os.replace(self.tmp_path, self.path)
+            else:
+                self.tmp_path.unlink(missing_ok=True)
+
+    def _finish(self) -> None:
+        if self._compressor is not None:
+            self._emit(self._compressor.flush())
+        self._emit(b"", flush=True)
+        self._file.flush()
+        os.fsync(self._file.fileno())

@@ -1,0 +1,176 @@
+"""The manifest: ``tfshards.json``, written last, describing a converted dataset.
+
+Layout (JSON object)::
+
+    format            "tfshards"
+    schema_version    version of the record schema (see record.py)
+    record_schema     [{"name", "type"}] for every record feature
+    image             {"encoding", "channels", "height", "width"}; height/width
+                      are null when records differ in size
+    mask              {"encoding", "num_classes" (null when not checked), "mask_map"}
+    compression       {"type": "none"|"gzip"|"zlib", "level"}
+    seed              the shuffle and split seed
+    options           every conversion option that shapes the output
+    source            {"images", "masks", "image_pattern", "mask_pattern"}
+    splits            {name: {"records", "bytes", "class_pixels", "shards":
+                      [{"file", "records", "bytes", "sha256"}]}}
+    skipped           [{"key", "file", "reason"}] pairs left out by --on-error skip
+    unpaired          {"images", "masks", "duplicate_keys", "ignored_files"} counts
+
+``class_pixels[i]`` counts mask pixels of class i in that split. Shard ``file``
+names are plain file names inside the dataset folder; anything else is refused.
+The manifest holds no timestamps, so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfshards.errors import ManifestError
+from tfshards.schemas.record import SCHEMA_VERSION, schema_description
+
+MANIFEST_NAME = "tfshards.json"
+FORMAT_NAME = "tfshards"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str
+    records: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    records: int
+    bytes: int
+    class_pixels: list[int]
+    shards: list[ShardInfo]
+
+
+@dataclass(frozen=True)
+class SkippedPair:
+    key: str
+    file: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    image: dict[str, Any]
+    mask: dict[str, Any]
+    compression: dict[str, Any]
+    seed: int
+    options: dict[str, Any]
+    source: dict[str, Any]
+    splits: dict[str, SplitInfo]
+    skipped: list[SkippedPair] = field(default_factory=list)
+    unpaired: dict[str, int] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def total_records(self) -> int:
+        return sum(split.records for split in self.splits.values())
+
+    @property
+    def image_shape(self) -> tuple[int, int, int] | None:
+        if self.image.get("height") is None:
+            return None
+        return (self.image["height"], self.image["width"], self.image["channels"])
+
+    def to_json(self) -> str:
+        body = {
+            "format": FORMAT_NAME,
+            "schema_version": self.schema_version,
+            "record_schema": schema_description(),
+            **{k: v for k, v in asdict(self).items() if k != "schema_version"},
+        }
+        return json.dumps(body, indent=2, sort_keys=False) + "\n"
+
+    def save(self, folder: Path) -> Path:
+        """Write atomically: a reader sees the old manifest, no manifest, or this one."""
+        path = Path(folder) / MANIFEST_NAME
+        tmp = path.with_name(f".{MANIFEST_NAME}.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(self.to_json())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str) -> Manifest:
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"{where}: not valid JSON ({exc})") from exc
+        if not isinstance(body, dict) or body.get("format") != FORMAT_NAME:
+            raise ManifestError(f'{where}: not a tfshards manifest (no "format": "tfshards")')
+        version = body.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ManifestError(
+                f"{where}: schema version {version!r} cannot be read by this tfshards, "
+                f"which reads version {SCHEMA_VERSION}"
+            )
+        try:
+            splits = {name: _split_from_json(name, raw) for name, raw in body["splits"].items()}
+            return cls(
+                image=body["image"],
+                mask=body["mask"],
+                compression=body["compression"],
+                seed=body["seed"],
+                options=body["options"],
+                source=body["source"],
+                splits=splits,
+                skipped=[SkippedPair(**item) for item in body.get("skipped", [])],
+                unpaired=body.get("unpaired", {}),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ManifestError(f"{where}: malformed manifest ({exc!r})") from exc
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> Manifest:
+        path = Path(folder) / MANIFEST_NAME
+        if not path.is_file():
+            raise ManifestError(
+                f"{path}: no manifest; is {folder} a folder written by `tfshards convert`? "
+                "(an interrupted conversion has no manifest until it completes)"
+            )
+        return cls.from_json(path.read_text(encoding="utf-8"), where=str(path))
+
+
+def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:
+    shards = [ShardInfo(**item) for item in raw["shards"]]
+    for shard in shards:
+        _check_shard_name(shard.file)
+    if sum(shard.records for shard in shards) != raw["records"]:
+        raise ManifestError(
+            f"split {name!r}: records ({raw['records']}) differ from the sum over its shards "
+            f"({sum(shard.records for shard in shards)})"
+        )
+    return SplitInfo(
+        records=raw["records"],
+        bytes=raw["bytes"],
+        class_pixels=list(raw["class_pixels"]),
+        shards=shards,
+    )
+
+
+def _check_shard_name(name: str) -> None:
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+    ):
+        raise ManifestError(
+            f"shard path {name!r} is refused: shard files must be plain names inside the "
+            "dataset folder"
+        )
