@@ -90,7 +90,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "--mask-encoding",
         choices=sorted(IMAGE_ENCODINGS),
         default="keep",
-        help="mask encoding: keep, png or raw (jpeg is refused: masks are never stored lossy; default: keep)",
+        help="mask encoding: keep, png or raw (default: keep); jpeg is refused, "
+        "masks are never stored lossy",
     )
     g.add_argument(
         "--compression",

@@ -1,4 +1,4 @@
-"""`tfshards.convert`: pair -> validate -> split -> shuffle -> plan -> encode -> write -> manifest."""
+"""`tfshards.convert`: pair, validate, split, shuffle, plan, encode, write, manifest."""
 
 from __future__ import annotations
 
@@ -260,7 +260,9 @@ def _manifest(
     splits: dict[str, SplitInfo] = {}
     for split in dict.fromkeys(spec.split for spec in specs):
         shard_results = [results[s.file_name] for s in specs if s.split == split]
-        pixels = [sum(column) for column in zip(*(r.class_pixels for r in shard_results))]
+        pixels = [
+            sum(column) for column in zip(*(r.class_pixels for r in shard_results), strict=True)
+        ]
         classes = options.num_classes or (
             max(i for i, n in enumerate(pixels) if n) + 1 if any(pixels) else 1
         )

@@ -58,7 +58,7 @@ def write_shard(
                 if options.on_error == "fail":
                     raise
                 skipped.append(SkippedPair(exc.key, exc.path, exc.reason))
-                _report(progress, pair)
+                _report(progress, 0)
                 continue
             height, width = prepared.mask.shape
             image_bytes, image_format = encode_image(prepared.image, prepared.image_source)
@@ -93,7 +93,7 @@ def write_shard(
     )
 
 
-def _report(progress: ProgressCallback | None, pair, source_bytes: int = 0) -> None:
+def _report(progress: ProgressCallback | None, source_bytes: int) -> None:
     if progress is not None:
         progress(1, source_bytes)
 
