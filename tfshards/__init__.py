@@ -17,6 +17,19 @@ from tfshards.schemas import Manifest
 
 __version__ = "0.1.0"
 
+# The reader needs TensorFlow, which takes seconds to import; the converter and
+# its worker processes do not, so the reader is imported on first use.
+_READER_NAMES = ("read", "ReadOptions", "list_caches", "clear_caches")
+
+
+def __getattr__(name: str):
+    if name in _READER_NAMES:
+        from tfshards import readers
+
+        return getattr(readers, name)
+    raise AttributeError(f"module 'tfshards' has no attribute {name!r}")
+
+
 __all__ = [
     "ConvertOptions",
     "Manifest",
@@ -25,8 +38,12 @@ __all__ = [
     "OutputError",
     "PairError",
     "PairingError",
+    "ReadOptions",
     "TfshardsError",
+    "clear_caches",
     "convert",
+    "list_caches",
     "pair_files",
+    "read",
     "synth",
 ]

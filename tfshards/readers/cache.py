@@ -1,0 +1,130 @@
+"""The persistent disk cache of decoded, resized uint8 pairs.
+
+Layout::
+
+    <cache root>/<fingerprint>/info.json      what the entry holds (split, size, dataset)
+    <cache root>/<fingerprint>/snapshot/...   a tf.data snapshot of (image, mask) uint8
+
+The fingerprint hashes the shard files' sha256s (so changed data gets a new
+entry) and every option that changes what is cached (split, input pipeline,
+image size, channels, dtype, cache format), so a stale entry is never read.
+
+The entry is written by ``tf.data.Dataset.snapshot`` while the first epoch
+streams. A snapshot counts only once its metadata says it was finalized,
+which happens when a pass reached the end: a pass stopped early, a crash or
+``kill -9`` leave an unfinalized run that the next reader ignores and
+rewrites, with no lockfile to trip over. Processes started together may each
+write a run; the one finalized last is the one read; neither fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfshards.errors import TfshardsError
+from tfshards.readers.shards import SplitShards
+
+CACHE_FORMAT = 1
+CACHE_DIR_NAME = ".tfshards-cache"
+SNAPSHOT_DIR = "snapshot"
+INFO_FILE = "info.json"
+log = logging.getLogger("tfshards")
+
+
+class CacheSpaceError(TfshardsError):
+    """The disk lacks room for the cache that would be built."""
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    path: Path
+    state: str  # "ready" or "incomplete"
+    bytes: int
+    info: dict
+
+
+def cache_fingerprint(
+    shards: SplitShards, shape: tuple[int, int, int], pipeline: tuple[int, int]
+) -> str:
+    body = {
+        "cache_format": CACHE_FORMAT,
+        "schema_version": shards.manifest.schema_version,
+        "split": shards.split,
+        "pipeline": list(pipeline),
+        "shape": list(shape),
+        "dtype": "uint8",
+        "shards": [shard.sha256 for shard in shards.shards],
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def default_cache_root(dataset: Path) -> Path:
+    """Beside the shards when that folder is writable, else in the user's cache folder."""
+    beside = dataset / CACHE_DIR_NAME
+    if os.access(dataset, os.W_OK):
+        return beside
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tfshards"
+    return base / hashlib.sha256(str(dataset.resolve()).encode()).hexdigest()[:16]
+
+
+def prepare_entry(root: Path, fingerprint: str, info: dict, needed_bytes: int) -> Path:
+    """The snapshot folder of this entry; refuse if building it would not fit on disk."""
+    entry = root / fingerprint
+    if entry_state(entry) != "ready":
+        entry.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(entry).free
+        if free < needed_bytes:
+            raise CacheSpaceError(
+                f"the disk cache for split {info['split']!r} needs about "
+                f"{needed_bytes / 2**20:.0f} MiB but {entry} has {free / 2**20:.0f} MiB free; "
+                "free space, pass cache='other/folder/', or cache=None to stream"
+            )
+        (entry / INFO_FILE).write_text(json.dumps(info, indent=2))
+        log.info("building the disk cache in %s while the first epoch streams", entry)
+    else:
+        log.info("reading the disk cache %s (no decoding)", entry)
+    return entry / SNAPSHOT_DIR
+
+
+def entry_state(entry: Path) -> str:
+    """'ready' when a finalized snapshot exists, else 'incomplete'."""
+    from tensorflow.core.protobuf import snapshot_pb2
+
+    for metadata in (entry / SNAPSHOT_DIR).glob("*/snapshot.metadata"):
+        record = snapshot_pb2.SnapshotMetadataRecord.FromString(metadata.read_bytes())
+        if record.finalized:
+            return "ready"
+    return "incomplete"
+
+
+def list_caches(root: str | os.PathLike) -> list[CacheEntry]:
+    """Cache entries under a cache root or a dataset folder (its .tfshards-cache)."""
+    root = _cache_root_of(Path(root))
+    if not root.is_dir():
+        return []
+    entries = []
+    for entry in sorted(p for p in root.iterdir() if p.is_dir()):
+        info_path = entry / INFO_FILE
+        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+        size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+        entries.append(CacheEntry(entry, entry_state(entry), size, info))
+    return entries
+
+
+def clear_caches(root: str | os.PathLike) -> int:
+    """Remove every cache entry under root; return the bytes freed."""
+    freed = 0
+    for entry in list_caches(root):
+        shutil.rmtree(entry.path, ignore_errors=True)
+        freed += entry.bytes
+    return freed
+
+
+def _cache_root_of(path: Path) -> Path:
+    return path / CACHE_DIR_NAME if (path / CACHE_DIR_NAME).is_dir() else path
