@@ -78,9 +78,8 @@ def write_shard(
             class_pixels += np.bincount(prepared.mask.ravel(), minlength=256)
             if (height, width) not in sizes and len(sizes) < 2:
                 sizes.append((height, width))
-            _report(
-                progress, pair, len(prepared.image_source.data) + len(prepared.mask_source.data)
-            )
+            source_bytes = len(prepared.image_source.data) + len(prepared.mask_source.data)
+            _report(progress, source_bytes)
     return ShardResult(
         file=spec.file_name,
         split=spec.split,

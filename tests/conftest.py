@@ -1,0 +1,99 @@
+"""Shared fixtures: tiny synthetic datasets written into tmp_path, and the real membrane data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MEMBRANE = Path(__file__).resolve().parents[2] / "shared" / "data" / "membrane"
+
+
+def write_pairs(
+    root: Path,
+    count: int = 12,
+    *,
+    size: tuple[int, int] = (24, 32),
+    channels: int = 3,
+    classes: int = 3,
+    image_format: str = "png",
+    mask_mode: str = "L",
+    seed: int = 0,
+) -> tuple[Path, Path]:
+    """Write ``count`` random pairs to root/images and root/masks; return both folders."""
+    rng = np.random.default_rng(seed)
+    images, masks = root / "images", root / "masks"
+    images.mkdir(parents=True, exist_ok=True)
+    masks.mkdir(parents=True, exist_ok=True)
+    height, width = size
+    suffix = "jpg" if image_format == "jpeg" else image_format
+    for index in range(count):
+        # Smooth content plus mild noise: realistic for JPEG, still exact for lossless checks.
+        coarse = rng.integers(0, 256, size=(4, 4, channels), dtype=np.uint8)
+        smooth = np.asarray(
+            Image.fromarray(coarse[:, :, 0] if channels == 1 else coarse).resize(
+                (width, height), Image.Resampling.BILINEAR
+            )
+        )
+        noise = rng.integers(0, 8, size=smooth.shape, dtype=np.uint8)
+        pixels = np.clip(smooth.astype(int) + noise, 0, 255).astype(np.uint8)
+        pixels = pixels.reshape(height, width, channels)
+        image = Image.fromarray(pixels[:, :, 0] if channels == 1 else pixels)
+        image.save(images / f"{index:03d}.{suffix}")
+        labels = rng.integers(0, classes, size=(height, width), dtype=np.uint8)
+        mask = Image.fromarray(labels)
+        if mask_mode == "P":
+            mask = mask.convert("P")
+            mask.putpalette([(37 * i) % 256 for i in range(768)])
+        mask.save(masks / f"{index:03d}.png")
+    return images, masks
+
+
+@pytest.fixture
+def pairs_dir(tmp_path: Path) -> tuple[Path, Path]:
+    return write_pairs(tmp_path / "data")
+
+
+def read_records(out: Path, split: str = "train") -> list[dict]:
+    """Every record of a split, parsed and decoded with plain TensorFlow, in manifest order."""
+    import tensorflow as tf
+
+    from tfshards.schemas import Manifest
+    from tfshards.schemas.record import tf_decode_pixels, tf_feature_spec
+
+    manifest = Manifest.load(out)
+    compression = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}[manifest.compression["type"]]
+    files = [str(out / shard.file) for shard in manifest.splits[split].shards]
+    records = []
+    for serialized in tf.data.TFRecordDataset(files, compression_type=compression):
+        tf.train.Example.FromString(serialized.numpy())  # a plain tf.train.Example
+        parsed = tf.io.parse_single_example(serialized, tf_feature_spec())
+        h, w, c = (int(parsed[f"image/{k}"]) for k in ("height", "width", "channels"))
+        image_raw = parsed["image/format"].numpy() == b"raw"
+        mask_raw = parsed["mask/format"].numpy() == b"raw"
+        records.append(
+            {
+                "key": parsed["key"].numpy().decode(),
+                "image_format": parsed["image/format"].numpy().decode(),
+                "mask_format": parsed["mask/format"].numpy().decode(),
+                "image": tf_decode_pixels(parsed["image/encoded"], h, w, c, raw=image_raw).numpy(),
+                "mask": tf_decode_pixels(parsed["mask/encoded"], h, w, 1, raw=mask_raw).numpy()[
+                    :, :, 0
+                ],
+            }
+        )
+    return records
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    """Every shard file and the manifest, by name (for byte-identity checks)."""
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(out.iterdir())
+        if p.name.endswith((".tfrecord", ".gz", ".zz", ".json")) and not p.name.startswith(".")
+    }
