@@ -74,33 +74,47 @@ def default_cache_root(dataset: Path) -> Path:
 
 
 def prepare_entry(root: Path, fingerprint: str, info: dict, needed_bytes: int) -> Path:
-    """The snapshot folder of this entry; refuse if building it would not fit on disk."""
+    """The entry's folder; refuse if building it would not fit on disk."""
     entry = root / fingerprint
-    if entry_state(entry) != "ready":
-        entry.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(entry).free
-        if free < needed_bytes:
-            raise CacheSpaceError(
-                f"the disk cache for split {info['split']!r} needs about "
-                f"{needed_bytes / 2**20:.0f} MiB but {entry} has {free / 2**20:.0f} MiB free; "
-                "free space, pass cache='other/folder/', or cache=None to stream"
-            )
-        (entry / INFO_FILE).write_text(json.dumps(info, indent=2))
-        log.info("building the disk cache in %s while the first epoch streams", entry)
-    else:
+    if finalized_snapshot(entry) is not None:
         log.info("reading the disk cache %s (no decoding)", entry)
-    return entry / SNAPSHOT_DIR
+        return entry
+    entry.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(entry).free
+    if free < needed_bytes:
+        raise CacheSpaceError(
+            f"the disk cache for split {info['split']!r} needs about "
+            f"{needed_bytes / 2**20:.0f} MiB but {entry} has {free / 2**20:.0f} MiB free; "
+            "free space, pass cache='other/folder/', or cache=None to stream"
+        )
+    (entry / INFO_FILE).write_text(json.dumps(info, indent=2))
+    log.info("building the disk cache in %s while the first epoch streams", entry)
+    return entry
+
+
+def finalized_snapshot(entry: Path) -> Path | None:
+    """The newest snapshot under the entry whose writer reached the end of a pass.
+
+    tf.data names each snapshot folder by a hash of the writing pipeline's
+    graph, which is not stable across processes, so readers look for any
+    finalized one instead of recomputing that hash.
+    """
+    from tensorflow.core.protobuf import snapshot_pb2
+
+    newest, newest_time = None, -1
+    for metadata in (entry / SNAPSHOT_DIR).glob("*/snapshot.metadata"):
+        try:
+            record = snapshot_pb2.SnapshotMetadataRecord.FromString(metadata.read_bytes())
+        except Exception:  # noqa: BLE001 - a half-written metadata file is not finalized
+            continue
+        if record.finalized and record.creation_timestamp > newest_time:
+            newest, newest_time = metadata.parent, record.creation_timestamp
+    return newest
 
 
 def entry_state(entry: Path) -> str:
     """'ready' when a finalized snapshot exists, else 'incomplete'."""
-    from tensorflow.core.protobuf import snapshot_pb2
-
-    for metadata in (entry / SNAPSHOT_DIR).glob("*/snapshot.metadata"):
-        record = snapshot_pb2.SnapshotMetadataRecord.FromString(metadata.read_bytes())
-        if record.finalized:
-            return "ready"
-    return "incomplete"
+    return "ready" if finalized_snapshot(entry) is not None else "incomplete"
 
 
 def list_caches(root: str | os.PathLike) -> list[CacheEntry]:

@@ -257,8 +257,45 @@ def _cached(
         "records": shards.records,
     }
     needed = int(shards.records * height * width * (channels + 1) * 1.05) + 2**20
-    snapshot = disk_cache.prepare_entry(root, fingerprint, info, needed)
-    return pairs.snapshot(str(snapshot), compression=None)
+    entry = disk_cache.prepare_entry(root, fingerprint, info, needed)
+    ready = disk_cache.finalized_snapshot(entry)
+    if ready is not None:
+        indexed = tf.data.Dataset.load(
+            str(ready),
+            element_spec=(tf.TensorSpec([], tf.int64), pairs.element_spec),
+            reader_func=_read_in_order,
+        )
+    else:
+        indexed = pairs.enumerate().snapshot(
+            str(entry / disk_cache.SNAPSHOT_DIR),
+            compression=None,
+            shard_func=_cache_file_of,
+            reader_func=_read_in_order,
+        )
+    return indexed.map(_drop_index)
+
+
+# The cache is written round-robin into CACHE_FILES files and read back round-robin,
+# in parallel, which yields the elements in the order they were written.
+CACHE_FILES = 4
+
+
+def _cache_file_of(index: tf.Tensor, pair) -> tf.Tensor:
+    return index % CACHE_FILES
+
+
+def _read_in_order(files: tf.data.Dataset) -> tf.data.Dataset:
+    return files.interleave(
+        lambda file: file,
+        cycle_length=CACHE_FILES,
+        block_length=1,
+        num_parallel_calls=CACHE_FILES,
+        deterministic=True,
+    )
+
+
+def _drop_index(index: tf.Tensor, pair):
+    return pair
 
 
 def _shuffle_buffer(shards: SplitShards, shape: tuple[int, int, int], options: ReadOptions) -> int:

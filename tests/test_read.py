@@ -1,0 +1,423 @@
+"""tfshards.read: the tf.data pipeline, its options, the disk cache, distribution, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import MEMBRANE, read_records, write_pairs
+
+import tfshards
+from tfshards import ManifestError, OptionsError, ReadOptions, convert
+
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("read")
+    images, masks = write_pairs(root / "data", 40, size=(16, 20), classes=3)
+    convert(
+        images,
+        masks,
+        root / "shards",
+        num_shards=4,
+        val_fraction=0.25,
+        num_classes=3,
+        seed=1,
+        workers=1,
+        progress=False,
+    )
+    return root / "shards"
+
+
+def copy_dataset(dataset: Path, target: Path) -> Path:
+    import shutil
+
+    shutil.copytree(dataset, target, ignore=shutil.ignore_patterns(".tfshards-cache"))
+    return target
+
+
+def digests(batches) -> list[str]:
+    """One digest per (image, mask) element, in order."""
+    out = []
+    for images, masks in batches:
+        for image, mask in zip(images.numpy(), masks.numpy(), strict=True):
+            out.append(hashlib.sha1(image.tobytes() + mask.tobytes()).hexdigest())
+    return out
+
+
+def expected_digests(dataset: Path, split: str) -> list[str]:
+    return [
+        hashlib.sha1(
+            r["image"].tobytes() + r["mask"].astype(np.int32)[..., None].tobytes()
+        ).hexdigest()
+        for r in read_records(dataset, split)
+    ]
+
+
+def test_batches_shapes_dtypes_and_cardinality(dataset):
+    manifest = tfshards.Manifest.load(dataset)
+    train = tfshards.read(dataset, split="train", batch_size=4, seed=0)
+    records = manifest.splits["train"].records
+    assert int(train.cardinality()) == -(-records // 4)
+    image_spec, mask_spec = train.element_spec
+    assert image_spec.shape.as_list() == [None, 16, 20, 3] and image_spec.dtype == tf.float32
+    assert mask_spec.shape.as_list() == [None, 16, 20, 1] and mask_spec.dtype == tf.int32
+    images, masks = next(iter(train))
+    assert float(tf.reduce_min(images)) >= 0.0 and float(tf.reduce_max(images)) <= 1.0
+    assert set(np.unique(masks.numpy())) <= {0, 1, 2}
+    dropped = tfshards.read(dataset, batch_size=4, drop_remainder=True, seed=0)
+    assert int(dropped.cardinality()) == records // 4
+    assert sum(1 for _ in dropped) == records // 4
+
+
+def test_every_record_exactly_once_per_epoch(dataset):
+    train = tfshards.read(dataset, split="train", batch_size=5, image_dtype="uint8", seed=3)
+    expected = sorted(expected_digests(dataset, "train"))
+    first, second = digests(train), digests(train)
+    assert sorted(first) == expected and sorted(second) == expected
+    assert first != second, "the order is reshuffled every epoch"
+
+
+def test_seed_makes_order_reproducible(dataset):
+    one = digests(tfshards.read(dataset, batch_size=5, image_dtype="uint8", seed=11))
+    two = digests(tfshards.read(dataset, batch_size=5, image_dtype="uint8", seed=11))
+    other = digests(tfshards.read(dataset, batch_size=5, image_dtype="uint8", seed=12))
+    assert one == two and one != other
+
+
+def test_no_shuffle_gives_manifest_order(dataset):
+    val = tfshards.read(dataset, split="val", batch_size=3, image_dtype="uint8")
+    assert digests(val) == expected_digests(dataset, "val")
+    train = tfshards.read(dataset, split="train", batch_size=3, image_dtype="uint8", shuffle=False)
+    assert digests(train) == expected_digests(dataset, "train")
+
+
+def test_image_size_resizes_masks_with_nearest(dataset):
+    ds = tfshards.read(dataset, split="val", batch_size=64, image_size=(33, 17), one_hot=True)
+    images, masks = next(iter(ds))
+    assert images.shape[1:] == (33, 17, 3) and masks.shape[1:] == (33, 17, 3)
+    assert set(np.unique(masks.numpy())) == {0.0, 1.0}
+    assert np.array_equal(masks.numpy().sum(axis=-1), np.ones(masks.shape[:3]))
+
+
+def test_mixed_sizes_need_image_size(tmp_path):
+    images, masks = write_pairs(tmp_path / "a", 4, size=(8, 8))
+    write_pairs(tmp_path / "b", 6, size=(10, 12))
+    for name in ("004", "005"):
+        (tmp_path / "b" / "images" / f"{name}.png").rename(images / f"{name}.png")
+        (tmp_path / "b" / "masks" / f"{name}.png").rename(masks / f"{name}.png")
+    convert(images, masks, tmp_path / "out", workers=1, progress=False)
+    with pytest.raises(OptionsError, match="differ in size.*image_size"):
+        tfshards.read(tmp_path / "out")
+    ds = tfshards.read(tmp_path / "out", image_size=(8, 8), batch_size=10)
+    assert next(iter(ds))[0].shape == (6, 8, 8, 3)
+
+
+def test_augment_runs_after_the_cache_and_stays_random(dataset, tmp_path):
+    def flip(image, mask):
+        coin = tf.random.uniform([]) < 0.5
+        return (
+            tf.where(coin, tf.reverse(image, [1]), image),
+            tf.where(coin, tf.reverse(mask, [1]), mask),
+        )
+
+    ds = tfshards.read(
+        dataset,
+        split="val",
+        batch_size=64,
+        image_dtype="uint8",
+        shuffle=False,
+        augment=flip,
+        cache=tmp_path / "cache",
+    )
+    epochs = [digests(ds) for _ in range(3)]
+    assert len({tuple(e) for e in epochs}) > 1
+
+
+def test_uint8_and_memory_cache(dataset):
+    ds = tfshards.read(dataset, split="val", batch_size=4, image_dtype="uint8", cache="memory")
+    assert ds.element_spec[0].dtype == tf.uint8
+    assert digests(ds) == digests(ds) == expected_digests(dataset, "val")
+
+
+def test_keras_fit_evaluate_predict_without_steps(dataset):
+    import keras
+
+    inputs = keras.Input((16, 20, 3))
+    x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+    down = keras.layers.MaxPooling2D()(x)
+    up = keras.layers.UpSampling2D()(keras.layers.Conv2D(4, 3, padding="same")(down))
+    merged = keras.layers.Concatenate()([x, up])
+    outputs = keras.layers.Conv2D(3, 1, activation="softmax")(merged)
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    train = tfshards.read(dataset, split="train", batch_size=8, seed=0)
+    val = tfshards.read(dataset, split="val", batch_size=8)
+    history = model.fit(train, validation_data=val, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0]) and "val_loss" in history.history
+    assert len(model.evaluate(val, verbose=0)) == 2
+    records = tfshards.Manifest.load(dataset).splits["val"].records
+    assert model.predict(val, verbose=0).shape == (records, 16, 20, 3)
+
+
+# ---- the disk cache -------------------------------------------------------------------
+
+
+def test_disk_cache_is_built_during_the_first_epoch_and_keyed(dataset, tmp_path):
+    cache = tmp_path / "cache"
+    ds = tfshards.read(
+        dataset, split="train", batch_size=6, image_dtype="uint8", seed=0, cache=cache
+    )
+    assert [e.state for e in tfshards.list_caches(cache)] == ["incomplete"]
+    first = digests(ds)
+    entries = tfshards.list_caches(cache)
+    assert [e.state for e in entries] == ["ready"] and entries[0].info["split"] == "train"
+    assert sorted(digests(ds)) == sorted(first) == sorted(expected_digests(dataset, "train"))
+    # changed options: another entry; same options again: the same entry
+    tfshards.read(dataset, split="train", image_size=(8, 8), cache=cache)
+    tfshards.read(dataset, split="train", batch_size=2, cache=cache)
+    assert len(tfshards.list_caches(cache)) == 2
+    assert tfshards.clear_caches(cache) > 0 and tfshards.list_caches(cache) == []
+
+
+def test_cache_true_lives_beside_the_shards(dataset, tmp_path):
+    shards = copy_dataset(dataset, tmp_path / "shards")
+    digests(tfshards.read(shards, split="val", cache=True))
+    assert [e.state for e in tfshards.list_caches(shards)] == ["ready"]
+    assert (shards / ".tfshards-cache").is_dir()
+
+
+def test_changed_data_builds_a_new_cache_never_reads_the_stale_one(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 10)
+    out, cache = tmp_path / "shards", tmp_path / "cache"
+    convert(images, masks, out, workers=1, progress=False)
+    before = digests(
+        tfshards.read(out, batch_size=10, shuffle=False, image_dtype="uint8", cache=cache)
+    )
+    write_pairs(tmp_path / "data", 10, seed=9)  # new pixels, same names
+    convert(images, masks, out, overwrite=True, workers=1, progress=False)
+    after = digests(
+        tfshards.read(out, batch_size=10, shuffle=False, image_dtype="uint8", cache=cache)
+    )
+    assert after != before and after == expected_digests(out, "train")
+    assert len(tfshards.list_caches(cache)) == 2
+
+
+def _reader_script(shards: Path, cache: Path, extra: str = "") -> str:
+    return textwrap.dedent(f"""
+        import hashlib, sys, time
+        import tfshards
+        ds = tfshards.read({str(shards)!r}, split="train", batch_size=4, image_dtype="uint8",
+                           shuffle=False, cache={str(cache)!r})
+        seen = []
+        for images, masks in ds:
+            {extra}
+            for image, mask in zip(images.numpy(), masks.numpy()):
+                seen.append(hashlib.sha1(image.tobytes() + mask.tobytes()).hexdigest())
+        print(",".join(sorted(seen)))
+    """)
+
+
+def _run_python(script: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, **kwargs
+    )
+
+
+def test_a_new_process_reads_the_cache_without_decoding(dataset, tmp_path):
+    shards = copy_dataset(dataset, tmp_path / "shards")
+    cache = tmp_path / "cache"
+    first = _run_python(_reader_script(shards, cache))
+    assert first.returncode == 0, first.stderr
+    expected = ",".join(sorted(expected_digests(dataset, "train")))
+    assert first.stdout.strip() == expected
+    # Zero every shard's bytes (sizes unchanged): only a reader that never decodes succeeds.
+    for shard in shards.glob("train-*"):
+        shard.write_bytes(bytes(shard.stat().st_size))
+    second = _run_python(_reader_script(shards, cache))
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == expected
+    assert "did not fully read" not in first.stderr + second.stderr
+
+
+def test_killed_cache_build_then_a_clean_run(dataset, tmp_path):
+    cache = tmp_path / "cache"
+    slow = "time.sleep(0.3); print('batch', flush=True, file=sys.stderr)"
+    process = subprocess.Popen(
+        [sys.executable, "-c", _reader_script(dataset, cache, slow)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in process.stderr:  # kill it during the first epoch
+        if "batch" in line:
+            break
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert [e.state for e in tfshards.list_caches(cache)] == ["incomplete"]
+    rerun = _run_python(_reader_script(dataset, cache))
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.strip() == ",".join(sorted(expected_digests(dataset, "train")))
+    assert "lockfile" not in rerun.stderr and "did not fully read" not in rerun.stderr
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+
+
+def test_early_stopped_pass_is_not_published(dataset, tmp_path):
+    cache = tmp_path / "cache"
+    ds = tfshards.read(dataset, split="val", batch_size=2, cache=cache)
+    for _ in ds.take(1):
+        pass
+    assert [e.state for e in tfshards.list_caches(cache)] == ["incomplete"]
+    assert len(digests(ds)) == tfshards.Manifest.load(dataset).splits["val"].records
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+
+
+def test_two_processes_started_together_share_a_cache(dataset, tmp_path):
+    cache = tmp_path / "cache"
+    script = _reader_script(dataset, cache)
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    expected = ",".join(sorted(expected_digests(dataset, "train")))
+    for process, (stdout, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr
+        assert stdout.strip() == expected
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+    third = _run_python(_reader_script(dataset, cache))
+    assert third.stdout.strip() == expected
+
+
+def test_cache_refused_when_the_disk_lacks_room(dataset, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 100, 100))
+    with pytest.raises(tfshards.TfshardsError, match=r"needs about \d+ MiB but .* has 0 MiB free"):
+        tfshards.read(dataset, cache=tmp_path / "cache")
+
+
+# ---- distribution ---------------------------------------------------------------------
+
+
+def test_input_context_shards_by_file(dataset):
+    seen = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(
+            num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2
+        )
+        ds = tfshards.read(
+            dataset, batch_size=4, image_dtype="uint8", shuffle=False, input_context=context
+        )
+        part = digests(ds)
+        assert int(ds.cardinality()) == -(-len(part) // 2)  # per-replica batch of 2
+        seen += part
+    assert sorted(seen) == sorted(expected_digests(dataset, "train"))
+    context = tf.distribute.InputContext(num_input_pipelines=5, input_pipeline_id=0)
+    with pytest.raises(ManifestError, match="4 shards, fewer than the 5 input pipelines"):
+        tfshards.read(dataset, input_context=context)
+
+
+def test_tf_data_service_delivers_every_record_once(dataset):
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer()
+    address = dispatcher.target.split("://")[1]
+    workers = [
+        service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(2)
+    ]
+    ds = tfshards.read(
+        dataset, batch_size=4, image_dtype="uint8", seed=0, service=dispatcher.target
+    )
+    assert sorted(digests(ds)) == sorted(expected_digests(dataset, "train"))
+    assert workers
+
+
+# ---- errors ---------------------------------------------------------------------------
+
+
+def test_missing_foreign_and_future_manifests(dataset, tmp_path):
+    with pytest.raises(ManifestError, match="no manifest"):
+        tfshards.read(tmp_path)
+    shards = copy_dataset(dataset, tmp_path / "s")
+    body = json.loads((shards / "tfshards.json").read_text())
+    (shards / "tfshards.json").write_text(json.dumps({**body, "format": "other"}))
+    with pytest.raises(ManifestError, match="not a tfshards manifest"):
+        tfshards.read(shards)
+    (shards / "tfshards.json").write_text(json.dumps({**body, "schema_version": 99}))
+    with pytest.raises(ManifestError, match="schema version 99 cannot be read"):
+        tfshards.read(shards)
+    (shards / "tfshards.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        tfshards.read(shards)
+
+
+def test_unknown_split_and_bad_arguments(dataset):
+    with pytest.raises(ManifestError, match="no split 'test'; this dataset has train, val"):
+        tfshards.read(dataset, split="test")
+    with pytest.raises(OptionsError, match="batch_size"):
+        tfshards.read(dataset, batch_size=0)
+    with pytest.raises(OptionsError, match="cycle_length"):
+        tfshards.read(dataset, options=ReadOptions(cycle_length=0))
+
+
+def test_edited_manifest_and_damaged_shards(dataset, tmp_path):
+    shards = copy_dataset(dataset, tmp_path / "s")
+    body = json.loads((shards / "tfshards.json").read_text())
+    edited = json.loads(json.dumps(body))
+    edited["splits"]["train"]["shards"][0]["file"] = "../../etc/passwd"
+    (shards / "tfshards.json").write_text(json.dumps(edited))
+    with pytest.raises(ManifestError, match="'../../etc/passwd' is refused"):
+        tfshards.read(shards)
+    edited = json.loads(json.dumps(body))
+    edited["splits"]["train"]["records"] += 1
+    (shards / "tfshards.json").write_text(json.dumps(edited))
+    with pytest.raises(ManifestError, match="differ from the sum over its shards"):
+        tfshards.read(shards)
+    (shards / "tfshards.json").write_text(json.dumps(body))
+    first = shards / body["splits"]["train"]["shards"][0]["file"]
+    data = first.read_bytes()
+    first.write_bytes(data[:-10])
+    with pytest.raises(ManifestError, match="bytes on disk but the manifest says"):
+        tfshards.read(shards)
+    first.unlink()
+    with pytest.raises(ManifestError, match="shard listed in the manifest is missing"):
+        tfshards.read(shards)
+    # a flipped byte (same size) is caught while reading, never a hang
+    first.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    with pytest.raises(tf.errors.OpError):
+        digests(tfshards.read(shards, shuffle=False))
+
+
+@pytest.mark.skipif(not MEMBRANE.is_dir(), reason="needs ../shared/data/membrane")
+def test_real_membrane_data_trains(tmp_path):
+    convert(
+        MEMBRANE / "image",
+        MEMBRANE / "label",
+        tmp_path / "out",
+        mask_map=((0, 0), (255, 1)),
+        num_classes=2,
+        val_fraction=0.2,
+        workers=1,
+        progress=False,
+    )
+    train = tfshards.read(tmp_path / "out", batch_size=4, image_size=(128, 128), cache=True, seed=0)
+    images, masks = next(iter(train))
+    assert images.shape[1:] == (128, 128, 1) and set(np.unique(masks.numpy())) == {0, 1}
+    total = sum(int(i.shape[0]) for i, _ in train)
+    assert total == tfshards.Manifest.load(tmp_path / "out").splits["train"].records
