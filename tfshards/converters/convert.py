@@ -110,7 +110,7 @@ def convert_with_report(
     for problem in report.problems:
         log.warning("%s (left out: --allow-unpaired)", problem)
     channels = options.channels or image_channels(pairs[0].image)
-    options = replace(options, channels=channels)
+    options = options.resolved(channels)
     specs = plan_shards(
         pairs,
         seed=options.seed,

@@ -1,0 +1,45 @@
+"""Helpers shared by the benchmark scripts: timing rows and peak RSS of a child process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+
+
+def timed_pass(dataset: Iterable) -> tuple[int, float]:
+    """Iterate once; return (elements in the first dimension of each batch, seconds)."""
+    started = time.perf_counter()
+    count = 0
+    for batch in dataset:
+        first = batch[0] if isinstance(batch, tuple | list) else batch
+        count += int(first.shape[0]) if getattr(first, "shape", None) else 1
+    return count, time.perf_counter() - started
+
+
+def peak_rss_of(code: str) -> dict:
+    """Run Python code in a fresh process; it prints a JSON dict; add its peak RSS in MiB."""
+    wrapper = (
+        "import json, resource\n"
+        + code
+        + "\nself_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
+        "RESULT.update(peak_rss_mib=round(self_rss, 1), peak_child_rss_mib=round(child_rss, 1))\n"
+        "print('RESULT ' + json.dumps(RESULT))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", wrapper], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def markdown_table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]
+    return "\n".join(lines)
