@@ -88,10 +88,10 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument(
         "--mask-encoding",
-        choices=sorted(IMAGE_ENCODINGS),
-        default="keep",
-        help="mask encoding: keep, png or raw (default: keep); jpeg is refused, "
-        "masks are never stored lossy",
+        choices=["auto", *sorted(IMAGE_ENCODINGS)],
+        default="auto",
+        help="mask encoding: keep, png or raw; auto (default) is raw with raw images, else "
+        "keep; jpeg is refused, masks are never stored lossy",
     )
     g.add_argument(
         "--compression",

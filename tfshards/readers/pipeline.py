@@ -123,13 +123,17 @@ def read(
         pairs = pairs.shuffle(
             _shuffle_buffer(shards, shape, options), seed=seed, reshuffle_each_iteration=True
         )
-    pairs = _finished(pairs, shards, image_dtype, augment, one_hot, deterministic)
+    finish = _finisher(shards, image_dtype, augment, one_hot)
+    if augment is not None:  # per example, so random transforms differ within a batch
+        pairs = pairs.map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     batches = pairs.batch(
         batch_size,
         drop_remainder=drop_remainder,
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
+    if augment is None:  # one vectorized cast per batch: far cheaper than one per example
+        batches = batches.map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     count = (
         shards.records // batch_size if drop_remainder else math.ceil(shards.records / batch_size)
     )
@@ -226,12 +230,20 @@ def _decoded(
             mask = tf.image.resize(mask, (height, width), method="nearest")
         return tf.ensure_shape(image, shape), tf.ensure_shape(mask, (height, width, 1))
 
-    return (
-        records.batch(options.parse_batch_size)
-        .map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        .unbatch()
-        .map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    parsed = records.batch(options.parse_batch_size).map(
+        parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic
     )
+    if raw_image and raw_mask and stored == shape:
+        # Same-size raw pixels decode a whole parsed batch at once: no per-record ops.
+        def decode_batch(features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+            image = tf.io.decode_raw(features["image/encoded"], tf.uint8)
+            mask = tf.io.decode_raw(features["mask/encoded"], tf.uint8)
+            return (tf.reshape(image, (-1, *shape)), tf.reshape(mask, (-1, height, width, 1)))
+
+        return parsed.map(
+            decode_batch, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        ).unbatch()
+    return parsed.unbatch().map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
 
 def _cached(
@@ -305,14 +317,10 @@ def _shuffle_buffer(shards: SplitShards, shape: tuple[int, int, int], options: R
     return max(1, min(shards.records, 10_000, (256 * 2**20) // record_bytes))
 
 
-def _finished(
-    pairs: tf.data.Dataset,
-    shards: SplitShards,
-    image_dtype: str,
-    augment: Augment | None,
-    one_hot: bool,
-    deterministic: bool,
-) -> tf.data.Dataset:
+def _finisher(
+    shards: SplitShards, image_dtype: str, augment: Augment | None, one_hot: bool
+) -> Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
+    """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot."""
     classes = _num_classes(shards) if one_hot else 0
 
     def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -325,7 +333,7 @@ def _finished(
             mask = tf.one_hot(mask[..., 0], classes, dtype=tf.float32)
         return image, mask
 
-    return pairs.map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    return finish
 
 
 def _num_classes(shards: SplitShards) -> int:

@@ -1,0 +1,144 @@
+"""Reading throughput: tfshards.read against the pipelines users write by hand, same data, one run.
+
+    python benchmarks/read_throughput.py --count 2000 --size 256
+
+Rows (pairs/s; batches of 32; float32 images):
+  seeds_cold / seeds_disk_cached: two keras.utils.image_dataset_from_directory zipped,
+      shuffled, .cache(file), prefetch; first epoch, then the epoch read from its cache.
+  list_files_map: list_files + parallel map decoding PNG image and mask.
+  tfshards_<encoding>_cold: tfshards.read(cache=None), a pass after a warm-up pass.
+  tfshards_<encoding>_warm: tfshards.read(cache=dir), an epoch after the cache was built.
+  ceiling_tfrecord_raw: bare TFRecordDataset over the raw shards, bytes only, no parsing.
+Then peak RSS of tfshards.read at 1x and 4x the data, each in a fresh process.
+The OS page cache is warm for every row (files were just written): say so when quoting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import markdown_table, peak_rss_of, timed_pass  # noqa: E402
+
+BATCH = 32
+
+
+def seeds_pipeline(data: Path, size: int, cache_file: Path):
+    import keras
+    import tensorflow as tf
+
+    common = dict(labels=None, batch_size=None, image_size=(size, size), shuffle=False)
+    images = keras.utils.image_dataset_from_directory(data / "images", **common)
+    masks = keras.utils.image_dataset_from_directory(
+        data / "masks", color_mode="grayscale", interpolation="nearest", **common)
+    return (tf.data.Dataset.zip((images, masks)).shuffle(1000).cache(str(cache_file))
+            .batch(BATCH).prefetch(tf.data.AUTOTUNE))
+
+
+def list_files_pipeline(data: Path):
+    import tensorflow as tf
+
+    def load(image_path):
+        mask_path = tf.strings.regex_replace(image_path, "/images/", "/masks/")
+        image = tf.io.decode_png(tf.io.read_file(image_path), channels=3)
+        mask = tf.io.decode_png(tf.io.read_file(mask_path), channels=1)
+        return tf.cast(image, tf.float32) / 255.0, tf.cast(mask, tf.int32)
+
+    files = tf.data.Dataset.list_files(str(data / "images" / "*.png"), shuffle=True)
+    return (files.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def ceiling(shards: Path):
+    import tensorflow as tf
+
+    from tfshards.readers.shards import split_shards
+
+    split = split_shards(shards, "train")
+    files = tf.data.Dataset.from_tensor_slices(list(split.paths))
+    return files.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=split.compression_type),
+        cycle_length=min(len(split.paths), 8), num_parallel_calls=tf.data.AUTOTUNE,
+    ).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=2000, help="pairs (default 2000)")
+    parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
+    parser.add_argument("--encodings", default="keep,png,jpeg,raw")
+    parser.add_argument("--rss-count", type=int, default=500, help="pairs at 1x for RSS")
+    args = parser.parse_args()
+
+    import tfshards
+
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="tfshards-read-bench-") as tmp:
+        tmp = Path(tmp)
+        tfshards.synth(tmp / "data", count=args.count, size=args.size, seed=0)
+        seeds = seeds_pipeline(tmp / "data", args.size, tmp / "seeds-cache")
+        cold = rate(seeds)
+        disk_cached = rate(seeds)
+        rows += [row("seeds_cold", cold, cold), row("seeds_disk_cached", disk_cached, disk_cached)]
+        lf = list_files_pipeline(tmp / "data")
+        rate(lf)
+        rows.append(row("list_files_map", rate(lf), cold))
+        ceiling_rate = None
+        for encoding in args.encodings.split(","):
+            shards = tmp / f"shards-{encoding}"
+            tfshards.convert(tmp / "data" / "images", tmp / "data" / "masks", shards,
+                             encoding=encoding, progress=False)
+            stream = tfshards.read(shards, batch_size=BATCH, seed=0)
+            rate(stream)
+            rows.append(row(f"tfshards_{encoding}_cold", rate(stream), cold))
+            cached = tfshards.read(shards, batch_size=BATCH, seed=0, cache=tmp / "cache")
+            rate(cached)
+            rows.append(row(f"tfshards_{encoding}_warm", rate(cached), disk_cached))
+            if encoding == "raw":
+                bare = ceiling(shards)
+                rate(bare)
+                ceiling_rate = rate(bare)
+                rows.append(row("ceiling_tfrecord_raw", ceiling_rate, cold))
+        for r in rows:
+            r["vs_ceiling"] = round(r["pairs_per_s"] / ceiling_rate, 2) if ceiling_rate else ""
+        print(f"{args.count} pairs, {args.size}x{args.size} RGB, batch {BATCH}, page cache warm")
+        print(markdown_table(rows))
+        print()
+        print(markdown_table(rss_rows(tmp, args)))
+
+
+def rate(dataset) -> float:
+    count, seconds = timed_pass(dataset)
+    return count / seconds
+
+
+def row(name: str, pairs_per_s: float, baseline: float) -> dict:
+    return {"pipeline": name, "pairs_per_s": round(pairs_per_s),
+            "vs_baseline": round(pairs_per_s / baseline, 2)}
+
+
+def rss_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
+    import tfshards
+
+    rows = []
+    for scale in (1, 4):
+        data = tmp / f"rss{scale}"
+        tfshards.synth(data, count=args.rss_count * scale, size=args.size, seed=scale)
+        tfshards.convert(data / "images", data / "masks", data / "shards", encoding="raw",
+                         progress=False)
+        result = peak_rss_of(
+            "import tfshards\n"
+            f"ds = tfshards.read({str(data / 'shards')!r}, batch_size={BATCH}, seed=0)\n"
+            "n = sum(int(i.shape[0]) for i, _ in ds)\n"
+            "RESULT = {'pairs': n}"
+        )
+        rows.append({"scale": f"{scale}x", "pairs": result["pairs"],
+                     "peak_rss_MiB": result["peak_rss_mib"]})
+    return rows
+
+
+if __name__ == "__main__":
+    main()
