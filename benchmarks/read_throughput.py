@@ -33,9 +33,15 @@ def seeds_pipeline(data: Path, size: int, cache_file: Path):
     common = dict(labels=None, batch_size=None, image_size=(size, size), shuffle=False)
     images = keras.utils.image_dataset_from_directory(data / "images", **common)
     masks = keras.utils.image_dataset_from_directory(
-        data / "masks", color_mode="grayscale", interpolation="nearest", **common)
-    return (tf.data.Dataset.zip((images, masks)).shuffle(1000).cache(str(cache_file))
-            .batch(BATCH).prefetch(tf.data.AUTOTUNE))
+        data / "masks", color_mode="grayscale", interpolation="nearest", **common
+    )
+    return (
+        tf.data.Dataset.zip((images, masks))
+        .shuffle(1000)
+        .cache(str(cache_file))
+        .batch(BATCH)
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def list_files_pipeline(data: Path):
@@ -48,8 +54,9 @@ def list_files_pipeline(data: Path):
         return tf.cast(image, tf.float32) / 255.0, tf.cast(mask, tf.int32)
 
     files = tf.data.Dataset.list_files(str(data / "images" / "*.png"), shuffle=True)
-    return (files.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
-            .prefetch(tf.data.AUTOTUNE))
+    return (
+        files.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def ceiling(shards: Path):
@@ -59,10 +66,15 @@ def ceiling(shards: Path):
 
     split = split_shards(shards, "train")
     files = tf.data.Dataset.from_tensor_slices(list(split.paths))
-    return files.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=split.compression_type),
-        cycle_length=min(len(split.paths), 8), num_parallel_calls=tf.data.AUTOTUNE,
-    ).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    return (
+        files.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=split.compression_type),
+            cycle_length=min(len(split.paths), 8),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        .batch(BATCH)
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def main() -> None:
@@ -89,8 +101,13 @@ def main() -> None:
         ceiling_rate = None
         for encoding in args.encodings.split(","):
             shards = tmp / f"shards-{encoding}"
-            tfshards.convert(tmp / "data" / "images", tmp / "data" / "masks", shards,
-                             encoding=encoding, progress=False)
+            tfshards.convert(
+                tmp / "data" / "images",
+                tmp / "data" / "masks",
+                shards,
+                encoding=encoding,
+                progress=False,
+            )
             stream = tfshards.read(shards, batch_size=BATCH, seed=0)
             rate(stream)
             rows.append(row(f"tfshards_{encoding}_cold", rate(stream), cold))
@@ -116,8 +133,11 @@ def rate(dataset) -> float:
 
 
 def row(name: str, pairs_per_s: float, baseline: float) -> dict:
-    return {"pipeline": name, "pairs_per_s": round(pairs_per_s),
-            "vs_baseline": round(pairs_per_s / baseline, 2)}
+    return {
+        "pipeline": name,
+        "pairs_per_s": round(pairs_per_s),
+        "vs_baseline": round(pairs_per_s / baseline, 2),
+    }
 
 
 def rss_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
@@ -127,16 +147,18 @@ def rss_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
     for scale in (1, 4):
         data = tmp / f"rss{scale}"
         tfshards.synth(data, count=args.rss_count * scale, size=args.size, seed=scale)
-        tfshards.convert(data / "images", data / "masks", data / "shards", encoding="raw",
-                         progress=False)
+        tfshards.convert(
+            data / "images", data / "masks", data / "shards", encoding="raw", progress=False
+        )
         result = peak_rss_of(
             "import tfshards\n"
             f"ds = tfshards.read({str(data / 'shards')!r}, batch_size={BATCH}, seed=0)\n"
             "n = sum(int(i.shape[0]) for i, _ in ds)\n"
             "RESULT = {'pairs': n}"
         )
-        rows.append({"scale": f"{scale}x", "pairs": result["pairs"],
-                     "peak_rss_MiB": result["peak_rss_mib"]})
+        rows.append(
+            {"scale": f"{scale}x", "pairs": result["pairs"], "peak_rss_MiB": result["peak_rss_mib"]}
+        )
     return rows
 
 
