@@ -4,6 +4,7 @@
 >>> tfshards.convert("data/images", "data/masks", "shards", val_fraction=0.1)  # doctest: +SKIP
 """
 
+from tfshards.checks import VerifyReport, dataset_summary, verify
 from tfshards.converters import ConvertOptions, convert, pair_files, synth
 from tfshards.errors import (
     ManifestError,
@@ -40,10 +41,13 @@ __all__ = [
     "PairingError",
     "ReadOptions",
     "TfshardsError",
+    "VerifyReport",
     "clear_caches",
     "convert",
+    "dataset_summary",
     "list_caches",
     "pair_files",
     "read",
     "synth",
+    "verify",
 ]

@@ -295,6 +295,69 @@ def _run_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check every shard and record against the manifest",
+        description="Read every record of every shard: sizes and sha256 against the manifest, "
+        "TFRecord CRCs, record counts, every record parses and decodes, image and mask shapes "
+        "agree, mask values below num_classes, keys unique across splits. Exit 0 when all "
+        "holds, 1 naming each bad shard.",
+    )
+    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("--quick", action="store_true", help="check sizes and hashes only")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from tfshards.checks.verify import verify
+    from tfshards.schemas.manifest import Manifest
+
+    try:
+        total = sum(len(s.shards) for s in Manifest.load(args.dir).splits.values())
+    except TfshardsError:
+        total = None
+    with tqdm(total=total, unit="shard", disable=args.quiet) as bar:
+        report = verify(args.dir, quick=args.quick, progress=bar.update)
+    print(report.table())
+    if not report.ok:
+        print(f"tfshards verify: error: {args.dir} failed verification", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="summarize a dataset; draw a preview grid",
+        description="Print splits, counts, shard sizes, encodings, source, seed, skipped pairs, "
+        "the class pixel histogram and suggested class weights (median frequency balancing).",
+    )
+    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--preview", metavar="PNG", help="draw random pairs: image, mask, overlay")
+    p.add_argument("--count", type=int, default=8, help="pairs in the preview (default 8)")
+    p.add_argument("--split", help="split to preview (default: the first)")
+    p.add_argument("--seed", type=int, default=0, help="which pairs to preview (default 0)")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from tfshards.checks.inspect import dataset_summary, summary_text, write_preview
+
+    summary = dataset_summary(args.dir)
+    print(json.dumps(summary, indent=2) if args.json else summary_text(summary))
+    if args.preview:
+        rows = write_preview(
+            args.dir, args.preview, count=args.count, seed=args.seed, split=args.split
+        )
+        log.info("wrote a preview of %d pairs to %s", rows, args.preview)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfshards",
@@ -313,6 +376,8 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_synth,
     _add_convert,
     _add_demo,
+    _add_verify,
+    _add_inspect,
     _add_cache,
 ]
 
@@ -329,6 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except TfshardsError as exc:
         print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # disk full, permissions, a vanished file...
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"tfshards {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"tfshards {args.command}: interrupted", file=sys.stderr)

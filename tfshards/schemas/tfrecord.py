@@ -21,7 +21,8 @@ always serializes to the same bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import BinaryIO
 
 import google_crc32c
 
@@ -82,3 +83,88 @@ def serialize_example(features: Mapping[str, bytes | int]) -> bytes:
         for name in sorted(features)
     )
     return _length_delimited(1, entries)
+
+
+class RecordError(ValueError):
+    """A TFRecord stream or an Example message is malformed."""
+
+
+def iter_records(stream: BinaryIO) -> Iterator[bytes]:
+    """Yield the data of each TFRecord in an uncompressed stream, checking both CRCs."""
+    index = 0
+    while True:
+        header = stream.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise RecordError(f"record {index}: truncated header ({len(header)} of 12 bytes)")
+        (length,) = struct.unpack("<Q", header[:8])
+        if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+            raise RecordError(f"record {index}: length CRC mismatch (corrupt header)")
+        data = stream.read(length)
+        footer = stream.read(4)
+        if len(data) < length or len(footer) < 4:
+            raise RecordError(f"record {index}: truncated data ({len(data)} of {length} bytes)")
+        if struct.unpack("<I", footer)[0] != masked_crc32c(data):
+            raise RecordError(f"record {index}: data CRC mismatch (corrupt bytes)")
+        yield data
+        index += 1
+
+
+def _read_varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(data):
+            raise RecordError("truncated varint")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int, bytes | int]]:
+    """(field number, wire type, value) of a protobuf message: varints and length-delimited."""
+    position = 0
+    while position < len(data):
+        tag, position = _read_varint(data, position)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, position = _read_varint(data, position)
+            yield number, wire, value
+        elif wire == 2:
+            length, position = _read_varint(data, position)
+            if position + length > len(data):
+                raise RecordError("truncated field")
+            yield number, wire, data[position : position + length]
+            position += length
+        else:
+            raise RecordError(f"unexpected protobuf wire type {wire}")
+
+
+def parse_example(data: bytes) -> dict[str, bytes | int]:
+    """The features of a tf.train.Example holding one bytes or int64 value each."""
+    features: dict[str, bytes | int] = {}
+    for _, _, features_message in _fields(data):
+        for _, _, entry in _fields(features_message):
+            name, value = "", None
+            for number, _, part in _fields(entry):
+                if number == 1:
+                    name = part.decode("utf-8")
+                elif number == 2:
+                    value = _feature_value(part)
+            features[name] = value
+    return features
+
+
+def _feature_value(feature: bytes) -> bytes | int | None:
+    for kind, _, values in _fields(feature):
+        for number, wire, value in _fields(values):
+            if number != 1:
+                continue
+            if kind == 1:
+                return value
+            if kind == 3:
+                return value if wire == 0 else _read_varint(value, 0)[0]
+    return None

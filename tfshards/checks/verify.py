@@ -1,0 +1,163 @@
+"""`tfshards verify`: check every shard against the manifest and every record against the schema."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tfshards.checks.shard_io import decode_pixels, file_sha256, shard_examples
+from tfshards.errors import ManifestError
+from tfshards.schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from tfshards.schemas.record import FIELDS
+
+_SHARD_LIKE = re.compile(r"\.tfrecord(\.gz|\.zz)?$|-of-\d{5}")
+_OURS = {MANIFEST_NAME, ".tfshards.lock", ".tfshards-cache", ".tfshards-work"}
+
+
+@dataclass
+class ShardCheck:
+    split: str
+    file: str
+    records_expected: int
+    records_found: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class VerifyReport:
+    path: Path
+    quick: bool
+    shards: list[ShardCheck]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(shard.ok for shard in self.shards)
+
+    def table(self) -> str:
+        lines = [f"{'split':6s} {'shard':36s} {'records':>15s}  status"]
+        for shard in self.shards:
+            found = "-" if shard.records_found is None else str(shard.records_found)
+            status = "ok" if shard.ok else "; ".join(shard.problems)
+            lines.append(
+                f"{shard.split:6s} {shard.file:36s} "
+                f"{found + '/' + str(shard.records_expected):>15s}  {status}"
+            )
+        lines += [f"problem: {problem}" for problem in self.problems]
+        lines.append(
+            f"{'OK' if self.ok else 'FAILED'}: {self.path} "
+            f"({'sizes and hashes' if self.quick else 'every record'} checked)"
+        )
+        return "\n".join(lines)
+
+
+def verify(
+    path: str | os.PathLike,
+    *,
+    quick: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """Check a converted dataset; the report says what is wrong, shard by shard.
+
+    >>> report = tfshards.verify("shards/")  # doctest: +SKIP
+    >>> report.ok, [s.problems for s in report.shards if not s.ok]  # doctest: +SKIP
+    """
+    root = Path(path)
+    try:
+        manifest = Manifest.load(root)
+    except ManifestError as exc:
+        return VerifyReport(root, quick, [], [str(exc)])
+    report = VerifyReport(root, quick, [])
+    report.problems += _stray_files(root, manifest)
+    keys: dict[bytes, str] = {}
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            check = ShardCheck(split, shard.file, shard.records)
+            report.shards.append(check)
+            if _file_matches(root / shard.file, shard, check) and not quick:
+                _check_records(root / shard.file, manifest, check, keys)
+            if progress is not None:
+                progress(1)
+    return report
+
+
+def _stray_files(root: Path, manifest: Manifest) -> list[str]:
+    listed = {s.file for split in manifest.splits.values() for s in split.shards}
+    return [
+        f"stray file {name!r} looks like a shard but is not in the manifest"
+        for name in sorted(os.listdir(root))
+        if name not in listed and name not in _OURS and _SHARD_LIKE.search(name)
+    ]
+
+
+def _file_matches(path: Path, shard: ShardInfo, check: ShardCheck) -> bool:
+    if not path.is_file():
+        check.problems.append("missing")
+        return False
+    size = path.stat().st_size
+    if size != shard.bytes:
+        check.problems.append(f"{size} bytes, manifest says {shard.bytes} (truncated or replaced)")
+        return False
+    if file_sha256(path) != shard.sha256:
+        check.problems.append("sha256 differs from the manifest (corrupted or replaced)")
+        return False
+    return True
+
+
+def _check_records(
+    path: Path, manifest: Manifest, check: ShardCheck, keys: dict[bytes, str]
+) -> None:
+    compression = manifest.compression["type"]
+    num_classes = manifest.mask.get("num_classes")
+    found = 0
+    try:
+        for found, features in enumerate(shard_examples(path, compression), start=1):
+            problem = _record_problem(features, num_classes)
+            key = features.get("key")
+            if problem is None and key in keys:
+                problem = f"key {key!r} also in {keys[key]}"
+            if problem is not None:
+                check.problems.append(f"record {found - 1}: {problem}")
+                if len(check.problems) >= 5:
+                    break
+            keys[key] = check.file
+    except (ValueError, OSError, EOFError) as exc:  # framing, CRC, decompression
+        check.problems.append(f"unreadable after {found} records: {exc}")
+    check.records_found = found
+    if found != check.records_expected and not check.problems:
+        check.problems.append(f"{found} records, manifest says {check.records_expected}")
+
+
+def _record_problem(features: dict, num_classes: int | None) -> str | None:
+    missing = [f.name for f in FIELDS if f.name not in features or features[f.name] is None]
+    if missing:
+        return f"missing features {missing}"
+    height, width = features["image/height"], features["image/width"]
+    try:
+        decode_pixels(
+            features["image/encoded"],
+            features["image/format"].decode(),
+            height,
+            width,
+            features["image/channels"],
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        return f"image does not decode: {exc}"
+    try:
+        mask = decode_pixels(
+            features["mask/encoded"], features["mask/format"].decode(), height, width, 1
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        return f"mask does not decode: {exc}"
+    if num_classes is not None and int(np.max(mask)) >= num_classes:
+        return f"mask value {int(np.max(mask))} is not below num_classes {num_classes}"
+    return None
