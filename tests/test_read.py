@@ -424,3 +424,21 @@ def test_real_membrane_data_trains(tmp_path):
     assert images.shape[1:] == (128, 128, 1) and set(np.unique(masks.numpy())) == {0, 1}
     total = sum(int(i.shape[0]) for i, _ in train)
     assert total == tfshards.Manifest.load(tmp_path / "out").splits["train"].records
+
+
+@pytest.mark.parametrize("encoding", ["raw", "png"])
+@pytest.mark.parametrize("cache", [None, "disk"])
+def test_every_encoding_streams_and_caches_exact_pixels(tmp_path, encoding, cache):
+    images, masks = write_pairs(tmp_path / "data", 23, size=(12, 10))
+    out = tmp_path / "shards"
+    convert(images, masks, out, encoding=encoding, num_shards=3, workers=1, progress=False)
+    expected = sorted(expected_digests(out, "train"))
+    where = tmp_path / "cache" if cache else None
+    ds = tfshards.read(out, batch_size=4, image_dtype="uint8", seed=1, cache=where)
+    assert sorted(digests(ds)) == expected and sorted(digests(ds)) == expected
+    ordered = tfshards.read(out, batch_size=5, image_dtype="uint8", shuffle=False, cache=where)
+    assert digests(ordered) == expected_digests(out, "train")
+    floats = tfshards.read(out, batch_size=23, seed=1, augment=lambda i, m: (i, m))
+    images_batch, masks_batch = next(iter(floats))
+    assert images_batch.dtype == tf.float32 and float(tf.reduce_max(images_batch)) <= 1.0
+    assert masks_batch.dtype == tf.int32 and images_batch.shape[0] == 23

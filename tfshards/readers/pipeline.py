@@ -30,8 +30,8 @@ Augment = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 class ReadOptions:
     """Pipeline knobs; the defaults follow from the shard count and record size.
 
-    cycle_length: shards read at once (default: min(shards, 8); 1 when not shuffling,
-        so records come in the manifest's order).
+    cycle_length: shards read at once (default: min(shards, 8); 1 when not shuffling
+        or when building a disk cache, so records come in the manifest's order).
     block_length: consecutive records taken from one shard before moving on.
     parse_batch_size: records parsed per vectorized ``parse_example`` call.
     shuffle_buffer: records mixed by the shuffle buffer (default: as many as fit in
@@ -112,18 +112,68 @@ def read(
         files,
         shards,
         options,
-        parallel=shuffle or options.cycle_length,
+        # A disk cache holds the manifest's order, whoever builds it: one shard at a time.
+        parallel=(shuffle and not disk) or options.cycle_length,
         deterministic=deterministic or disk,
     )
-    pairs = _decoded(records, shards, shape, options, deterministic=deterministic or disk)
-    pairs = _cached(pairs, cache, shards, shape, pipeline) if service is None else pairs
-    if service is not None:
-        pairs = pairs.apply(tf.data.experimental.service.distribute("distributed_epoch", service))
-    if shuffle:
-        pairs = pairs.shuffle(
-            _shuffle_buffer(shards, shape, options), seed=seed, reshuffle_each_iteration=True
-        )
     finish = _finisher(shards, image_dtype, augment, one_hot)
+    batching = dict(
+        batch_size=batch_size, drop_remainder=drop_remainder, deterministic=deterministic
+    )
+    if cache in (None, False) and service is None:
+        # Streaming: shuffle the small serialized records, not decoded pixels.
+        if shuffle:
+            records = records.shuffle(
+                _shuffle_buffer(shards, shape, options, serialized=True),
+                seed=seed,
+                reshuffle_each_iteration=True,
+            )
+        if _raw_same_size(shards, shape) and augment is None:
+            # Raw pixels of one size: parse, decode and cast whole batches, no per-record op.
+            batches = (
+                records.batch(batch_size, drop_remainder=drop_remainder)
+                .map(
+                    _raw_batch_decoder(shape),
+                    num_parallel_calls=AUTOTUNE,
+                    deterministic=deterministic,
+                )
+                .map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+            )
+        else:
+            pairs = _decoded(records, shards, shape, options, deterministic=deterministic)
+            batches = _batched(pairs, finish, augment, **batching)
+    else:
+        pairs = _decoded(records, shards, shape, options, deterministic=deterministic or disk)
+        if service is None:
+            pairs = _cached(pairs, cache, shards, shape, pipeline)
+        else:
+            pairs = pairs.apply(
+                tf.data.experimental.service.distribute("distributed_epoch", service)
+            )
+        if shuffle:
+            pairs = pairs.shuffle(
+                _shuffle_buffer(shards, shape, options), seed=seed, reshuffle_each_iteration=True
+            )
+        batches = _batched(pairs, finish, augment, **batching)
+    count = (
+        shards.records // batch_size if drop_remainder else math.ceil(shards.records / batch_size)
+    )
+    batches = batches.apply(tf.data.experimental.assert_cardinality(count))
+    if repeat:
+        batches = batches.repeat()
+    return batches.prefetch(AUTOTUNE)
+
+
+def _batched(
+    pairs: tf.data.Dataset,
+    finish,
+    augment: Augment | None,
+    *,
+    batch_size: int,
+    drop_remainder: bool,
+    deterministic: bool,
+) -> tf.data.Dataset:
+    """uint8 pairs -> finished batches; augment runs per example, else one cast per batch."""
     if augment is not None:  # per example, so random transforms differ within a batch
         pairs = pairs.map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     batches = pairs.batch(
@@ -134,13 +184,7 @@ def read(
     )
     if augment is None:  # one vectorized cast per batch: far cheaper than one per example
         batches = batches.map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    count = (
-        shards.records // batch_size if drop_remainder else math.ceil(shards.records / batch_size)
-    )
-    batches = batches.apply(tf.data.experimental.assert_cardinality(count))
-    if repeat:
-        batches = batches.repeat()
-    return batches.prefetch(AUTOTUNE)
+    return batches
 
 
 def _check_arguments(batch_size: int, image_dtype: str, cache, service: str | None) -> None:
@@ -233,17 +277,43 @@ def _decoded(
     parsed = records.batch(options.parse_batch_size).map(
         parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic
     )
-    if raw_image and raw_mask and stored == shape:
-        # Same-size raw pixels decode a whole parsed batch at once: no per-record ops.
-        def decode_batch(features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-            image = tf.io.decode_raw(features["image/encoded"], tf.uint8)
-            mask = tf.io.decode_raw(features["mask/encoded"], tf.uint8)
-            return (tf.reshape(image, (-1, *shape)), tf.reshape(mask, (-1, height, width, 1)))
-
+    if _raw_same_size(shards, shape):
         return parsed.map(
-            decode_batch, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+            _raw_decoder(shape), num_parallel_calls=AUTOTUNE, deterministic=deterministic
         ).unbatch()
     return parsed.unbatch().map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+
+
+def _raw_same_size(shards: SplitShards, shape: tuple[int, int, int]) -> bool:
+    manifest = shards.manifest
+    return (
+        manifest.image["encoding"] == "raw"
+        and manifest.mask["encoding"] == "raw"
+        and manifest.image_shape == shape
+    )
+
+
+def _raw_decoder(shape: tuple[int, int, int]):
+    """Parsed features of a batch of same-size raw records -> uint8 image and mask batches."""
+    height, width, _ = shape
+
+    def decode(features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+        image = tf.io.decode_raw(features["image/encoded"], tf.uint8)
+        mask = tf.io.decode_raw(features["mask/encoded"], tf.uint8)
+        return tf.reshape(image, (-1, *shape)), tf.reshape(mask, (-1, height, width, 1))
+
+    return decode
+
+
+def _raw_batch_decoder(shape: tuple[int, int, int]):
+    """Serialized same-size raw records -> uint8 image and mask batches."""
+    spec = tf_feature_spec()
+    decode = _raw_decoder(shape)
+
+    def parse_and_decode(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return decode(tf.io.parse_example(serialized, spec))
+
+    return parse_and_decode
 
 
 def _cached(
@@ -310,10 +380,19 @@ def _drop_index(index: tf.Tensor, pair):
     return pair
 
 
-def _shuffle_buffer(shards: SplitShards, shape: tuple[int, int, int], options: ReadOptions) -> int:
+def _shuffle_buffer(
+    shards: SplitShards,
+    shape: tuple[int, int, int],
+    options: ReadOptions,
+    *,
+    serialized: bool = False,
+) -> int:
+    """Records that fit in about 256 MiB: decoded pixels, or serialized records."""
     if options.shuffle_buffer is not None:
         return options.shuffle_buffer
     record_bytes = shape[0] * shape[1] * (shape[2] + 1)
+    if serialized and shards.manifest.image["encoding"] != "raw":
+        record_bytes = max(1, shards.manifest.splits[shards.split].bytes // max(shards.records, 1))
     return max(1, min(shards.records, 10_000, (256 * 2**20) // record_bytes))
 
 
