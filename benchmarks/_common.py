@@ -5,18 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Iterable
-
-
-def timed_pass(dataset: Iterable) -> tuple[int, float]:
-    """Iterate once; return (elements in the first dimension of each batch, seconds)."""
-    started = time.perf_counter()
-    count = 0
-    for batch in dataset:
-        first = batch[0] if isinstance(batch, tuple | list) else batch
-        count += int(first.shape[0]) if getattr(first, "shape", None) else 1
-    return count, time.perf_counter() - started
 
 
 def peak_rss_of(code: str) -> dict:

@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import markdown_table, peak_rss_of  # noqa: E402
+from _common import markdown_table, peak_rss_of
 
-from tfshards.converters.synth import synth  # noqa: E402
+from tfshards.converters.synth import synth
 
 
 def main() -> None:

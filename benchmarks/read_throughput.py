@@ -8,6 +8,8 @@ Rows (pairs/s; batches of 32; float32 images):
   list_files_map: list_files + parallel map decoding PNG image and mask.
   tfshards_<encoding>_cold: tfshards.read(cache=None), a pass after a warm-up pass.
   tfshards_<encoding>_warm: tfshards.read(cache=dir), an epoch after the cache was built.
+  tfshards_raw_cold_uint8: raw, uint8 images (no float conversion), to compare with the
+      ceiling, which yields bytes.
   ceiling_tfrecord_raw: bare TFRecordDataset over the raw shards, bytes only, no parsing.
 Then peak RSS of tfshards.read at 1x and 4x the data, each in a fresh process.
 The OS page cache is warm for every row (files were just written): say so when quoting.
@@ -16,65 +18,19 @@ The OS page cache is warm for every row (files were just written): say so when q
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import markdown_table, peak_rss_of, timed_pass  # noqa: E402
+from _common import markdown_table, peak_rss_of
+
+from tfshards.benchmarking.baselines import (
+    ceiling_pipeline,
+    keras_pipeline,
+    list_files_pipeline,
+)
+from tfshards.benchmarking.measure import timed_pass
 
 BATCH = 32
-
-
-def seeds_pipeline(data: Path, size: int, cache_file: Path):
-    import keras
-    import tensorflow as tf
-
-    common = dict(labels=None, batch_size=None, image_size=(size, size), shuffle=False)
-    images = keras.utils.image_dataset_from_directory(data / "images", **common)
-    masks = keras.utils.image_dataset_from_directory(
-        data / "masks", color_mode="grayscale", interpolation="nearest", **common
-    )
-    return (
-        tf.data.Dataset.zip((images, masks))
-        .shuffle(1000)
-        .cache(str(cache_file))
-        .batch(BATCH)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-
-
-def list_files_pipeline(data: Path):
-    import tensorflow as tf
-
-    def load(image_path):
-        mask_path = tf.strings.regex_replace(image_path, "/images/", "/masks/")
-        image = tf.io.decode_png(tf.io.read_file(image_path), channels=3)
-        mask = tf.io.decode_png(tf.io.read_file(mask_path), channels=1)
-        return tf.cast(image, tf.float32) / 255.0, tf.cast(mask, tf.int32)
-
-    files = tf.data.Dataset.list_files(str(data / "images" / "*.png"), shuffle=True)
-    return (
-        files.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
-    )
-
-
-def ceiling(shards: Path):
-    import tensorflow as tf
-
-    from tfshards.readers.shards import split_shards
-
-    split = split_shards(shards, "train")
-    files = tf.data.Dataset.from_tensor_slices(list(split.paths))
-    return (
-        files.interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression_type=split.compression_type),
-            cycle_length=min(len(split.paths), 8),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-        .batch(BATCH)
-        .prefetch(tf.data.AUTOTUNE)
-    )
 
 
 def main() -> None:
@@ -91,11 +47,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfshards-read-bench-") as tmp:
         tmp = Path(tmp)
         tfshards.synth(tmp / "data", count=args.count, size=args.size, seed=0)
-        seeds = seeds_pipeline(tmp / "data", args.size, tmp / "seeds-cache")
+        seeds = keras_pipeline(tmp / "data", (args.size, args.size), tmp / "seeds-cache")
         cold = rate(seeds)
         disk_cached = rate(seeds)
         rows += [row("seeds_cold", cold, cold), row("seeds_disk_cached", disk_cached, disk_cached)]
-        lf = list_files_pipeline(tmp / "data")
+        lf = list_files_pipeline(tmp / "data" / "images", tmp / "data" / "masks")
         rate(lf)
         rows.append(row("list_files_map", rate(lf), cold))
         ceiling_rate = None
@@ -115,7 +71,10 @@ def main() -> None:
             rate(cached)
             rows.append(row(f"tfshards_{encoding}_warm", rate(cached), disk_cached))
             if encoding == "raw":
-                bare = ceiling(shards)
+                as_bytes = tfshards.read(shards, batch_size=BATCH, seed=0, image_dtype="uint8")
+                rate(as_bytes)
+                rows.append(row("tfshards_raw_cold_uint8", rate(as_bytes), cold))
+                bare = ceiling_pipeline(shards)
                 rate(bare)
                 ceiling_rate = rate(bare)
                 rows.append(row("ceiling_tfrecord_raw", ceiling_rate, cold))

@@ -358,6 +358,48 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure shard counts, encodings and compression on your data and disk",
+        description="Convert and read with every combination, beside the hand-written "
+        "baselines (the Keras image_dataset_from_directory pipeline, list_files + map) and the "
+        "bare TFRecordDataset ceiling; write results.csv, results.json, report.md and "
+        "throughput.png (with the 'bench' extra) and recommend a configuration.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", help="image folder (with --masks)")
+    source.add_argument("--synthetic", type=int, metavar="N", help="use N synthetic pairs")
+    p.add_argument("--masks", help="mask folder")
+    p.add_argument("--size", type=int, default=256, help="synthetic image side (default 256)")
+    p.add_argument("--work", help="scratch folder for shards (default: a temporary folder)")
+    p.add_argument("--report", default="bench", help="output folder (default ./bench)")
+    p.add_argument("--shards", default="1,4,16,64", help="shard counts (default 1,4,16,64)")
+    p.add_argument("--encodings", default="keep,raw", help="image encodings (default keep,raw)")
+    p.add_argument("--compression", default="none,gzip", help="compressions (default none,gzip)")
+    p.add_argument("--cycle-lengths", default="1,4,16", help="interleave cycle lengths")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per point (default 3)")
+    p.add_argument(
+        "--max-disk-ratio",
+        type=float,
+        default=4.0,
+        help="recommend only configurations within this many times the source bytes",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small grid (2 shard counts, keep+raw, no compression, cycle 1 and "
+        "4, 1 repeat; with --synthetic, at most 300 pairs of 64x64)",
+    )
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from tfshards.benchmarking.cli import run_bench
+
+    return run_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfshards",
@@ -379,6 +421,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_verify,
     _add_inspect,
     _add_cache,
+    _add_bench,
 ]
 
 

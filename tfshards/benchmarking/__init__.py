@@ -1,0 +1,1 @@
+"""Measuring tfshards against hand-written pipelines: baselines, timing, the `bench` sweep."""

@@ -1,0 +1,80 @@
+"""The pipelines users write by hand, for side-by-side comparison with tfshards.read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BATCH = 32
+
+
+def keras_pipeline(
+    data: Path,
+    size: tuple[int, int],
+    cache_file: Path,
+    *,
+    channels: int = 3,
+    batch_size: int = BATCH,
+):
+    """Two image_dataset_from_directory zipped, shuffled, .cache(file), prefetch."""
+    import keras
+    import tensorflow as tf
+
+    common = dict(labels=None, batch_size=None, image_size=size, shuffle=False)
+    images = keras.utils.image_dataset_from_directory(
+        data / "images", color_mode="grayscale" if channels == 1 else "rgb", **common
+    )
+    masks = keras.utils.image_dataset_from_directory(
+        data / "masks", color_mode="grayscale", interpolation="nearest", **common
+    )
+    return (
+        tf.data.Dataset.zip((images, masks))
+        .shuffle(1000)
+        .cache(str(cache_file))
+        .batch(batch_size)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def list_files_pipeline(images: Path, masks: Path, *, channels: int = 3, batch_size: int = BATCH):
+    """list_files + a parallel map reading and decoding each image and its mask."""
+    import tensorflow as tf
+
+    image_root, mask_root = str(images), str(masks)
+
+    def load(image_path):
+        mask_path = tf.strings.regex_replace(image_path, "^" + image_root, mask_root)
+        mask_path = tf.strings.regex_replace(mask_path, r"\.[a-z]+$", ".png")
+        image = tf.io.decode_image(
+            tf.io.read_file(image_path), channels=channels, expand_animations=False
+        )
+        mask = tf.io.decode_png(tf.io.read_file(mask_path), channels=1)
+        return tf.cast(image, tf.float32) / 255.0, tf.cast(mask, tf.int32)
+
+    files = tf.data.Dataset.list_files(str(images / "*"), shuffle=True)
+    return (
+        files.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(batch_size)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def ceiling_pipeline(
+    shards: Path, split: str = "train", *, cycle_length: int | None = None, batch_size: int = BATCH
+):
+    """The bare TFRecordDataset: record bytes only, no parsing or decoding."""
+    import tensorflow as tf
+
+    from tfshards.readers.shards import split_shards
+
+    listed = split_shards(shards, split)
+    files = tf.data.Dataset.from_tensor_slices(list(listed.paths))
+    cycle = cycle_length or min(len(listed.paths), 8)
+    return (
+        files.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=listed.compression_type),
+            cycle_length=cycle,
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        .batch(batch_size)
+        .prefetch(tf.data.AUTOTUNE)
+    )

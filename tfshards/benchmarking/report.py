@@ -1,0 +1,136 @@
+"""Write a sweep's results: results.csv, results.json, report.md and throughput.png."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from tfshards.benchmarking.sweep import SweepResult
+
+COLUMNS = [
+    "shards",
+    "encoding",
+    "compression",
+    "cycle_length",
+    "convert_s",
+    "convert_pairs_per_s",
+    "bytes",
+    "disk_ratio",
+    "cold_pairs_per_s",
+    "cold_spread",
+    "cold_mb_per_s",
+    "warm_pairs_per_s",
+    "warm_spread",
+    "peak_rss_mib",
+    "cold_vs_keras",
+    "warm_vs_keras_cached",
+    "cold_vs_ceiling",
+]
+
+
+def write_report(result: SweepResult, folder: Path) -> list[Path]:
+    """Write every output; return the paths written (the plot only with matplotlib)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [
+        _csv(result, folder / "results.csv"),
+        _json(result, folder / "results.json"),
+        _markdown(result, folder / "report.md"),
+    ]
+    plot = _plot(result, folder / "throughput.png")
+    if plot is not None:
+        written.append(plot)
+    return written
+
+
+def _csv(result: SweepResult, path: Path) -> Path:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: row.get(k) for k in COLUMNS} for row in result.rows)
+    return path
+
+
+def _json(result: SweepResult, path: Path) -> Path:
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return path
+
+
+def markdown(result: SweepResult) -> str:
+    machine = result.machine
+    lines = [
+        "# tfshards bench",
+        "",
+        f"{result.pairs} pairs ({result.source_bytes / 2**20:.1f} MiB of source files); "
+        f"{machine.get('cores')} cores, {machine.get('ram_gib')} GiB RAM, TensorFlow "
+        f"{machine.get('tensorflow')}; {result.page_cache}; median of "
+        f"{result.config.repeats} passes, spread = (max - min) / median.",
+        "" if result.complete else "**Interrupted: partial results.**",
+        "",
+        "Baselines (pairs/s): " + ", ".join(f"{k} {v}" for k, v in result.baselines.items()),
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(str(row.get(k, "")) for k in COLUMNS) + " |" for row in result.rows]
+    best = result.recommendation()
+    lines += ["", "## Recommendation", ""]
+    if best is None:
+        lines.append(
+            f"No configuration fits within {result.config.max_disk_ratio}x the source "
+            "bytes; raise --max-disk-ratio."
+        )
+    else:
+        row = best["row"]
+        lines += [
+            f"{best['rule']}: {row['shards']} shards, {row['encoding']}, "
+            f"{row['compression']}, cycle length {row['cycle_length']} "
+            f"({row['cold_pairs_per_s']} pairs/s cold, {row['cold_vs_keras']}x the Keras "
+            "pipeline's first epoch).",
+            "",
+            "```",
+            best["convert"],
+            best["read"],
+            "```",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown(result: SweepResult, path: Path) -> Path:
+    path.write_text(markdown(result))
+    return path
+
+
+def _plot(result: SweepResult, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for encoding in dict.fromkeys(r["encoding"] for r in result.rows):
+        for compression in dict.fromkeys(r["compression"] for r in result.rows):
+            rows = [
+                r
+                for r in result.rows
+                if r["encoding"] == encoding and r["compression"] == compression
+            ]
+            best: dict[int, float] = {}
+            for row in rows:  # the best cycle length per shard count
+                best[row["shards"]] = max(best.get(row["shards"], 0), row["cold_pairs_per_s"])
+            if best:
+                xs = sorted(best)
+                axes.plot(xs, [best[x] for x in xs], marker="o", label=f"{encoding}/{compression}")
+    for (name, value), style in zip(result.baselines.items(), ("--", ":", "-."), strict=False):
+        axes.axhline(value, linestyle=style, color="gray", label=f"{name} ({value:.0f})")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("shards")
+    axes.set_ylabel("pairs/s (cold stream, best cycle length)")
+    axes.set_title(f"tfshards bench: {result.pairs} pairs")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -1,0 +1,259 @@
+"""`tfshards bench`: convert and read with every combination of shard count, encoding,
+compression and cycle length, beside the hand-written baselines, on the user's own data."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import platform
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from tfshards.benchmarking.baselines import ceiling_pipeline, keras_pipeline, list_files_pipeline
+from tfshards.benchmarking.measure import PeakRss, drop_page_cache, median_and_spread, timed_pass
+from tfshards.errors import OptionsError
+
+log = logging.getLogger("tfshards")
+BATCH = 32
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    images: Path
+    masks: Path
+    work: Path
+    shards: tuple[int, ...] = (1, 4, 16, 64)
+    encodings: tuple[str, ...] = ("keep", "raw")
+    compressions: tuple[str, ...] = ("none", "gzip")
+    cycle_lengths: tuple[int, ...] = (1, 4, 16)
+    repeats: int = 3
+    max_disk_ratio: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise OptionsError(f"repeats must be at least 1, got {self.repeats}")
+        if not (self.shards and self.encodings and self.compressions and self.cycle_lengths):
+            raise OptionsError("every sweep dimension needs at least one value")
+        if min(self.shards) < 1 or min(self.cycle_lengths) < 1:
+            raise OptionsError("shard counts and cycle lengths must be at least 1")
+
+    @property
+    def points(self) -> list[tuple[int, str, str]]:
+        """The conversions to make: (shards, encoding, compression)."""
+        return list(itertools.product(self.shards, self.encodings, self.compressions))
+
+
+@dataclass
+class SweepResult:
+    config: SweepConfig
+    machine: dict[str, Any]
+    page_cache: str
+    source_bytes: int
+    pairs: int
+    baselines: dict[str, float] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    complete: bool = False
+
+    def recommendation(self) -> dict[str, Any] | None:
+        """The fastest cold-stream row within the disk budget, with its commands."""
+        fitting = [r for r in self.rows if r["disk_ratio"] <= self.config.max_disk_ratio]
+        if not fitting:
+            return None
+        best = max(fitting, key=lambda r: r["cold_pairs_per_s"])
+        command = (
+            f"tfshards convert --images {self.config.images} --masks "
+            f"{self.config.masks} --out SHARDS --num-shards {best['shards']} "
+            f"--encoding {best['encoding']} --compression {best['compression']}"
+        )
+        reader = (
+            f"tfshards.read('SHARDS', options=tfshards.ReadOptions("
+            f"cycle_length={best['cycle_length']}))"
+        )
+        return {
+            "row": best,
+            "convert": command,
+            "read": reader,
+            "rule": f"highest cold pairs/s with bytes <= {self.config.max_disk_ratio}x the source",
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.config).items()}
+        return {
+            "config": config,
+            "machine": self.machine,
+            "page_cache": self.page_cache,
+            "pairs": self.pairs,
+            "source_bytes": self.source_bytes,
+            "baselines_pairs_per_s": self.baselines,
+            "rows": self.rows,
+            "complete": self.complete,
+            "recommendation": self.recommendation(),
+        }
+
+
+def machine_info(work: Path) -> dict[str, Any]:
+    import tensorflow as tf
+
+    pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cores": os.cpu_count(),
+        "ram_gib": round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 1) if pages else None,
+        "disk_free_gib": round(shutil.disk_usage(work).free / 2**30, 1),
+        "tensorflow": tf.__version__,
+    }
+
+
+def run_sweep(
+    config: SweepConfig,
+    *,
+    on_step: Callable[[str], None] | None = None,
+    result: SweepResult | None = None,
+) -> SweepResult:
+    """Measure baselines, then every point; fills ``result`` as it goes (for Ctrl-C)."""
+    from tfshards.converters.pairing import checked_pairs, pair_files
+
+    step = on_step or (lambda name: None)
+    config.work.mkdir(parents=True, exist_ok=True)
+    pairs = checked_pairs(
+        pair_files(config.images, config.masks), allow_unpaired=False, where=str(config.images)
+    )
+    source_bytes = sum(p.image.stat().st_size + p.mask.stat().st_size for p in pairs)
+    result = result or SweepResult(config, {}, "", 0, 0)
+    result.source_bytes, result.pairs = source_bytes, len(pairs)
+    result.machine = machine_info(config.work)
+    dropped = drop_page_cache()
+    result.page_cache = (
+        "dropped before each cold pass"
+        if dropped
+        else "page cache warm (dropping caches is not permitted here)"
+    )
+    with Image.open(pairs[0].image) as first:
+        size, channels = (first.height, first.width), 1 if first.mode in ("L", "I;16") else 3
+    _measure_baselines(config, result, size, channels, step)
+    for shards, encoding, compression in config.points:
+        out = config.work / f"shards-{shards}-{encoding}-{compression}"
+        row_base = _convert_point(config, out, shards, encoding, compression, source_bytes)
+        step(f"converted {out.name}")
+        ceiling = _median_rate(config.repeats, ceiling_pipeline(out))
+        for cycle in config.cycle_lengths:
+            result.rows.append(
+                _read_point(
+                    config, out, dict(row_base, cycle_length=cycle), result, ceiling, dropped, size
+                )
+            )
+            step(f"read {out.name} cycle {cycle}")
+        shutil.rmtree(out, ignore_errors=True)
+    result.complete = True
+    return result
+
+
+def _measure_baselines(config, result, size, channels, step) -> None:
+    data = config.work / "baseline-data"
+    if not data.exists():  # image_dataset_from_directory wants the two folders side by side
+        data.mkdir()
+        (data / "images").symlink_to(config.images.resolve())
+        (data / "masks").symlink_to(config.masks.resolve())
+    cache_file = config.work / "keras-cache"
+    for stale in config.work.glob("keras-cache*"):
+        stale.unlink()
+    keras = keras_pipeline(data, size, cache_file, channels=channels)
+    first = _rate(keras)
+    cached = [_rate(keras) for _ in range(config.repeats)]
+    result.baselines["keras_first_epoch"] = round(first, 1)
+    result.baselines["keras_disk_cached"] = round(median_and_spread(cached)[0], 1)
+    step("baseline keras")
+    listed = list_files_pipeline(config.images, config.masks, channels=channels)
+    _rate(listed)
+    result.baselines["list_files_map"] = round(
+        median_and_spread([_rate(listed) for _ in range(config.repeats)])[0], 1
+    )
+    step("baseline list_files")
+
+
+def _convert_point(
+    config, out: Path, shards: int, encoding: str, compression: str, source_bytes: int
+) -> dict[str, Any]:
+    from tfshards.converters.convert import convert_with_report
+
+    report = convert_with_report(
+        config.images,
+        config.masks,
+        out,
+        num_shards=shards,
+        encoding=encoding,
+        compression=compression,
+        overwrite=True,
+        progress=False,
+    )
+    shard_bytes = sum(s.bytes for split in report.manifest.splits.values() for s in split.shards)
+    return {
+        "shards": len(report.manifest.splits["train"].shards),
+        "encoding": encoding,
+        "compression": compression,
+        "convert_s": round(report.seconds, 2),
+        "convert_pairs_per_s": round(report.manifest.total_records / report.seconds, 1),
+        "bytes": shard_bytes,
+        "disk_ratio": round(shard_bytes / source_bytes, 3),
+    }
+
+
+def _read_point(
+    config,
+    out: Path,
+    row: dict[str, Any],
+    result: SweepResult,
+    ceiling: float,
+    dropped: bool,
+    size: tuple[int, int],
+) -> dict[str, Any]:
+    import tfshards
+
+    options = tfshards.ReadOptions(cycle_length=row["cycle_length"])
+    with PeakRss() as rss:
+        stream = tfshards.read(out, batch_size=BATCH, seed=0, options=options)
+        _rate(stream)  # warm-up pass
+        cold = []
+        for _ in range(config.repeats):
+            if dropped:
+                drop_page_cache()
+            cold.append(_rate(stream))
+        cached = tfshards.read(
+            out, batch_size=BATCH, seed=0, options=options, cache=config.work / "cache"
+        )
+        _rate(cached)  # builds the cache
+        warm = [_rate(cached) for _ in range(config.repeats)]
+    tfshards.clear_caches(config.work / "cache")
+    cold_rate, cold_spread = median_and_spread(cold)
+    warm_rate, warm_spread = median_and_spread(warm)
+    keras = result.baselines["keras_first_epoch"]
+    return dict(
+        row,
+        cold_pairs_per_s=round(cold_rate, 1),
+        cold_spread=round(cold_spread, 3),
+        cold_mb_per_s=round(cold_rate * row["bytes"] / result.pairs / 1e6, 1),
+        warm_pairs_per_s=round(warm_rate, 1),
+        warm_spread=round(warm_spread, 3),
+        peak_rss_mib=round(rss.peak_mib, 1),
+        cold_vs_keras=round(cold_rate / keras, 2),
+        warm_vs_keras_cached=round(warm_rate / result.baselines["keras_disk_cached"], 2),
+        cold_vs_ceiling=round(cold_rate / ceiling, 2),
+    )
+
+
+def _rate(dataset) -> float:
+    count, seconds = timed_pass(dataset)
+    return count / seconds
+
+
+def _median_rate(repeats: int, dataset) -> float:
+    """A warm-up pass, then the median of ``repeats`` timed passes."""
+    _rate(dataset)
+    return median_and_spread([_rate(dataset) for _ in range(repeats)])[0]
