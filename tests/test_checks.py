@@ -215,3 +215,41 @@ def test_unusual_inputs_are_converted_or_refused_clearly(tmp_path):
     Image.fromarray(np.zeros((24, 32), np.uint16)).save(images / "003.png")
     with pytest.raises(tfshards.PairError, match="003.png: I;16 images .* not supported"):
         convert(images, masks, tmp_path / "out2", workers=1, progress=False)
+
+
+def test_gif_and_tiff_images_are_converted(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 3)
+    rgb = np.full((24, 32, 3), 120, np.uint8)
+    Image.fromarray(rgb).save(images / "000.gif")
+    (images / "000.png").unlink()
+    Image.fromarray(rgb).save(images / "001.tiff")
+    (images / "001.png").unlink()
+    manifest = convert(images, masks, tmp_path / "out", workers=1, progress=False)
+    assert manifest.total_records == 3 and verify(tmp_path / "out").ok
+
+
+def test_non_utf8_file_names_pair_and_convert(tmp_path):
+    import os
+
+    images, masks = write_pairs(tmp_path / "data", 2)
+    odd = os.fsdecode(b"caf\xe9")  # Latin-1 bytes, not valid UTF-8
+    (images / "000.png").rename(images / f"{odd}.png")
+    (masks / "000.png").rename(masks / f"{odd}.png")
+    manifest = convert(images, masks, tmp_path / "out", workers=1, progress=False)
+    assert manifest.total_records == 2
+    assert verify(tmp_path / "out").ok
+    json.dumps(tfshards.Manifest.load(tmp_path / "out").to_json())  # the manifest stays valid
+
+
+def test_cache_cli_lists_and_clears(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    convert(images, masks, tmp_path / "shards", workers=1, progress=False)
+    ds = tfshards.read(tmp_path / "shards", batch_size=3, cache=True)
+    assert sum(int(i.shape[0]) for i, _ in ds) == 6
+    assert main(["-q", "cache", "list", str(tmp_path / "shards")]) == 0
+    out = capsys.readouterr().out
+    assert "ready" in out and "split=train" in out
+    assert main(["-q", "cache", "clear", str(tmp_path / "shards")]) == 0
+    assert "MiB freed" in capsys.readouterr().out
+    assert main(["-q", "cache", "list", str(tmp_path / "shards")]) == 0
+    assert "no caches" in capsys.readouterr().out

@@ -442,3 +442,21 @@ def test_every_encoding_streams_and_caches_exact_pixels(tmp_path, encoding, cach
     images_batch, masks_batch = next(iter(floats))
     assert images_batch.dtype == tf.float32 and float(tf.reduce_max(images_batch)) <= 1.0
     assert masks_batch.dtype == tf.int32 and images_batch.shape[0] == 23
+
+
+def test_a_process_started_while_the_cache_is_half_built(dataset, tmp_path):
+    cache = tmp_path / "cache"
+    slow = "time.sleep(0.2); print('batch', flush=True, file=sys.stderr)"
+    builder = subprocess.Popen([sys.executable, "-c", _reader_script(dataset, cache, slow)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in builder.stderr:  # the builder is part-way through its first epoch
+        if "batch" in line:
+            break
+    assert [e.state for e in tfshards.list_caches(cache)] == ["incomplete"]
+    late = _run_python(_reader_script(dataset, cache))
+    stdout, stderr = builder.communicate(timeout=300)
+    expected = ",".join(sorted(expected_digests(dataset, "train")))
+    assert late.returncode == 0 and builder.returncode == 0, late.stderr + stderr
+    assert late.stdout.strip() == expected and stdout.strip() == expected
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+    assert _run_python(_reader_script(dataset, cache)).stdout.strip() == expected
