@@ -447,8 +447,12 @@ def test_every_encoding_streams_and_caches_exact_pixels(tmp_path, encoding, cach
 def test_a_process_started_while_the_cache_is_half_built(dataset, tmp_path):
     cache = tmp_path / "cache"
     slow = "time.sleep(0.2); print('batch', flush=True, file=sys.stderr)"
-    builder = subprocess.Popen([sys.executable, "-c", _reader_script(dataset, cache, slow)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    builder = subprocess.Popen(
+        [sys.executable, "-c", _reader_script(dataset, cache, slow)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in builder.stderr:  # the builder is part-way through its first epoch
         if "batch" in line:
             break

@@ -118,6 +118,12 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_SHARD_SIZE,
         help="target bytes per shard before compression, e.g. 128MiB (default)",
     )
+    g.add_argument(
+        "--index",
+        action="store_true",
+        help="write <shard>.idx beside each shard ('<offset> <length>' per record) for NVIDIA "
+        "DALI's readers.tfrecord and the tfrecord package; needs uncompressed shards",
+    )
     g.add_argument("--val-fraction", type=float, default=0.0, help="fraction of pairs for 'val'")
     g.add_argument("--test-fraction", type=float, default=0.0, help="fraction for 'test'")
     g.add_argument("--seed", type=int, default=0, help="shuffle and split seed (default 0)")
@@ -155,6 +161,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         mask_map=args.mask_map,
         resize=args.resize,
         on_error=args.on_error,
+        index=args.index,
     )
     result = convert_with_report(
         args.images,

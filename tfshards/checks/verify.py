@@ -92,6 +92,7 @@ def verify(
 
 def _stray_files(root: Path, manifest: Manifest) -> list[str]:
     listed = {s.file for split in manifest.splits.values() for s in split.shards}
+    listed |= {f"{name}.idx" for name in listed}
     return [
         f"stray file {name!r} looks like a shard but is not in the manifest"
         for name in sorted(os.listdir(root))

@@ -49,6 +49,7 @@ class ConvertOptions:
     mask_map: tuple[tuple[int, int], ...] | None = None
     resize: tuple[int, int] | None = None
     on_error: str = "fail"
+    index: bool = False
 
     def __post_init__(self) -> None:
         image_encoding(self.encoding)
@@ -87,6 +88,11 @@ class ConvertOptions:
                         f"mask_map entry {source}:{target}: sources must be 0..65535 and "
                         "targets 0..255"
                     )
+        if self.index and self.compression not in ("auto", "none"):
+            raise OptionsError(
+                f"index files need uncompressed shards (got compression {self.compression!r}): "
+                "DALI and the tfrecord package seek to byte offsets in the file"
+            )
         if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
             raise OptionsError(f"resize must be (height, width) > 0, got {self.resize}")
 
@@ -96,7 +102,7 @@ class ConvertOptions:
         mask_encoding 'auto' is raw when images are raw (reading never decodes a PNG),
         else keep. compression 'auto' is gzip for raw pixels and none for PNG/JPEG bytes,
         which gzip cannot shrink (measured: 39.8 MiB of PNGs stay 39.8 MiB, at twice the
-        time).
+        time), and none whenever index files are asked for.
         """
         raw = self.encoding == "raw"
         return replace(
@@ -105,7 +111,7 @@ class ConvertOptions:
             mask_encoding=("raw" if raw else "keep")
             if self.mask_encoding == "auto"
             else self.mask_encoding,
-            compression=("gzip" if raw else "none")
+            compression=("gzip" if raw and not self.index else "none")
             if self.compression == "auto"
             else self.compression,
         )

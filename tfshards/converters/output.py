@@ -28,7 +28,9 @@ from tfshards.schemas.manifest import MANIFEST_NAME, Manifest, SkippedPair
 
 LOCK_NAME = ".tfshards.lock"
 WORK_NAME = ".tfshards-work"
-_OWN_FILE = re.compile(r"^\.?(train|val|test)-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?(\.tmp)?$")
+_OWN_FILE = re.compile(
+    r"^\.?(train|val|test)-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?(\.idx)?(\.tmp)?$"
+)
 log = logging.getLogger("tfshards")
 
 

@@ -49,7 +49,10 @@ def write_shard(
     sizes: list[tuple[int, int]] = []
     skipped: list[SkippedPair] = []
     with ShardWriter(
-        out_dir / spec.file_name, compression=options.compression, level=options.compression_level
+        out_dir / spec.file_name,
+        compression=options.compression,
+        level=options.compression_level,
+        index=options.index,
     ) as writer:
         for pair in spec.pairs:
             try:

@@ -11,6 +11,7 @@ from types import TracebackType
 from tfshards.schemas.tfrecord import frame_record
 
 TMP_SUFFIX = ".tmp"
+INDEX_SUFFIX = ".idx"
 _ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "zlib": zlib.MAX_WBITS}
 _BUFFER_BYTES = 4 * 2**20
 
@@ -27,7 +28,9 @@ class ShardWriter:
     ...     w.write(example_bytes)  # doctest: +SKIP
     """
 
-    def __init__(self, path: Path, *, compression: str = "none", level: int = 6) -> None:
+    def __init__(
+        self, path: Path, *, compression: str = "none", level: int = 6, index: bool = False
+    ) -> None:
         self.path = Path(path)
         self.tmp_path = self.path.with_name(f".{self.path.name}{TMP_SUFFIX}")
         self.records = 0
@@ -38,6 +41,9 @@ class ShardWriter:
             if compression != "none"
             else None
         )
+        # "<offset> <length>" per record, for DALI and the tfrecord package (uncompressed only).
+        self.index_path = self.path.with_name(self.path.name + INDEX_SUFFIX) if index else None
+        self._index_lines: list[str] = []
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._file = None
@@ -49,6 +55,9 @@ class ShardWriter:
     def write(self, record: bytes) -> None:
         framed = frame_record(record)
         self.records += 1
+        if self.index_path is not None:
+            offset = self.bytes + self._pending_bytes
+            self._index_lines.append(f"{offset} {len(framed)}\n")
         if self._compressor is not None:
             framed = self._compressor.compress(framed)
         self._emit(framed)
@@ -82,9 +91,18 @@ class ShardWriter:
         finally:
             self._file.close()
             if published:
+                self._publish_index()
                 os.replace(self.tmp_path, self.path)
             else:
                 self.tmp_path.unlink(missing_ok=True)
+
+    def _publish_index(self) -> None:
+        """The index goes first: a complete shard never lacks the index asked for."""
+        if self.index_path is None:
+            return
+        tmp = self.index_path.with_name(f".{self.index_path.name}{TMP_SUFFIX}")
+        tmp.write_text("".join(self._index_lines))
+        os.replace(tmp, self.index_path)
 
     def _finish(self) -> None:
         if self._compressor is not None:
