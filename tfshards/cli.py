@@ -124,6 +124,12 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         help="write <shard>.idx beside each shard ('<offset> <length>' per record) for NVIDIA "
         "DALI's readers.tfrecord and the tfrecord package; needs uncompressed shards",
     )
+    g.add_argument(
+        "--tfds-metadata",
+        action="store_true",
+        help="also write dataset_info.json and features.json so tfds.builder_from_directory "
+        "loads the shards (uncompressed, one image size; see `tfshards export-tfds --help`)",
+    )
     g.add_argument("--val-fraction", type=float, default=0.0, help="fraction of pairs for 'val'")
     g.add_argument("--test-fraction", type=float, default=0.0, help="fraction for 'test'")
     g.add_argument("--seed", type=int, default=0, help="shuffle and split seed (default 0)")
@@ -146,10 +152,18 @@ def _run_convert(args: argparse.Namespace) -> int:
     from tfshards.converters.convert import convert_with_report
     from tfshards.converters.options import ConvertOptions
 
+    if args.tfds_metadata and args.compression in ("gzip", "zlib"):
+        raise OptionsError(
+            "--tfds-metadata needs uncompressed shards: TFDS reads no "
+            f"{args.compression} TFRecords; use --compression none"
+        )
     options = ConvertOptions(
         encoding=args.encoding,
         mask_encoding=args.mask_encoding,
-        compression=args.compression,
+        # TFDS reads uncompressed shards only, so 'auto' means none with --tfds-metadata.
+        compression="none"
+        if args.tfds_metadata and args.compression == "auto"
+        else args.compression,
         compression_level=args.compression_level,
         num_shards=args.num_shards,
         shard_size=args.shard_size,
@@ -177,6 +191,11 @@ def _run_convert(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     print(conversion_summary(result))
+    if args.tfds_metadata:
+        from tfshards.converters.tfds_export import export_tfds
+
+        written = export_tfds(args.out)
+        print("wrote TFDS metadata: " + ", ".join(str(p) for p in written))
     return 0
 
 
@@ -299,6 +318,28 @@ def _run_cache(args: argparse.Namespace) -> int:
             f"{entry.path}  {entry.state:10s} {entry.bytes / 2**20:9.1f} MiB  "
             f"split={entry.info.get('split', '?')} shape={shape}"
         )
+    return 0
+
+
+def _add_export_tfds(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export-tfds",
+        help="write the metadata TFDS needs to load the shards",
+        description="Write dataset_info.json and features.json beside the shards, so that "
+        "tfds.builder_from_directory(DIR) loads every split with TFDS's own reader. TFDS can "
+        "represent uncompressed shards whose records share one size, with PNG/JPEG images "
+        "(keep, png, jpeg) or raw images and masks; other datasets are refused with the reason.",
+    )
+    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("--name", default="tfshards_dataset", help="TFDS dataset name")
+    p.set_defaults(run=_run_export_tfds)
+
+
+def _run_export_tfds(args: argparse.Namespace) -> int:
+    from tfshards.converters.tfds_export import export_tfds
+
+    written = export_tfds(args.dir, name=args.name)
+    print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
@@ -427,6 +468,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_demo,
     _add_verify,
     _add_inspect,
+    _add_export_tfds,
     _add_cache,
     _add_bench,
 ]

@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tfshards.converters.shard_job import ShardResult
+from tfshards.converters.tfds_export import TFDS_FILES
 from tfshards.errors import OutputError
 from tfshards.schemas.manifest import MANIFEST_NAME, Manifest, SkippedPair
 
@@ -128,7 +129,7 @@ class OutputFolder:
         (self.path / MANIFEST_NAME).unlink(missing_ok=True)
         others = []
         for entry in self.path.iterdir():
-            if _OWN_FILE.match(entry.name):
+            if _OWN_FILE.match(entry.name) or entry.name in TFDS_FILES:
                 entry.unlink()
             elif entry.name == WORK_NAME:
                 shutil.rmtree(entry)

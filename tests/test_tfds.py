@@ -1,0 +1,101 @@
+"""TFDS loads converted shards with its own reader, pixel-equal to tfshards.read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import write_pairs
+
+import tfshards
+from tfshards import OptionsError, convert
+from tfshards.converters.tfds_export import export_tfds
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+
+@pytest.mark.parametrize("encoding", ["png", "keep", "raw"])
+def test_tfds_loads_every_split_pixel_equal(tmp_path, encoding):
+    images, masks = write_pairs(
+        tmp_path / "data", 20, size=(12, 16), image_format="jpeg" if encoding == "keep" else "png"
+    )
+    out = tmp_path / "out"
+    manifest = convert(
+        images,
+        masks,
+        out,
+        encoding=encoding,
+        compression="none",
+        val_fraction=0.3,
+        num_shards=2,
+        workers=1,
+        progress=False,
+    )
+    export_tfds(out)
+    builder = tfds.builder_from_directory(str(out))
+    for split, info in manifest.splits.items():
+        ours = tfshards.read(
+            out, split=split, batch_size=info.records, shuffle=False, image_dtype="uint8"
+        )
+        our_images, our_masks = (t.numpy() for t in next(iter(ours)))
+        theirs = list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
+        assert len(theirs) == info.records
+        for index, example in enumerate(theirs):
+            assert np.array_equal(example["image"]["encoded"], our_images[index])
+            assert np.array_equal(example["mask"]["encoded"], our_masks[index])
+            assert example["image"]["height"] == 12
+
+
+def test_tfds_refuses_what_it_cannot_represent(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 4)
+    convert(images, masks, tmp_path / "gz", compression="gzip", workers=1, progress=False)
+    with pytest.raises(OptionsError, match="TFDS reads uncompressed TFRecords only"):
+        export_tfds(tmp_path / "gz")
+
+
+def test_cli_convert_with_tfds_metadata(tmp_path, capsys):
+    from tfshards.cli import main
+
+    images, masks = write_pairs(tmp_path / "data", 6)
+    assert (
+        main(
+            [
+                "-q",
+                "convert",
+                "--images",
+                str(images),
+                "--masks",
+                str(masks),
+                "--out",
+                str(tmp_path / "out"),
+                "--tfds-metadata",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert "wrote TFDS metadata" in capsys.readouterr().out
+    builder = tfds.builder_from_directory(str(tmp_path / "out"))
+    assert builder.info.splits["train"].num_examples == 6
+    assert (
+        main(
+            [
+                "-q",
+                "convert",
+                "--images",
+                str(images),
+                "--masks",
+                str(masks),
+                "--out",
+                str(tmp_path / "gz"),
+                "--compression",
+                "gzip",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["-q", "export-tfds", str(tmp_path / "gz")]) == 2
+    assert "uncompressed TFRecords only" in capsys.readouterr().err

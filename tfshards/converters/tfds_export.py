@@ -1,0 +1,106 @@
+"""Write the metadata that lets TensorFlow Datasets load converted shards with its own reader.
+
+After ``export_tfds("shards/")``, ``tfds.builder_from_directory("shards/")`` loads every
+split: features ``key`` (text), ``image`` {``encoded``, ``format``, ``height``, ``width``,
+``channels``} and ``mask`` {``encoded``, ``format``, ``channels``}, where ``encoded`` is
+decoded by TFDS to uint8 pixels.
+
+TFDS can represent: uncompressed shards (it reads no gzip/zlib TFRecords), records of one
+size, and images encoded keep/png/jpeg (a TFDS Image) or raw with raw masks (a TFDS
+Tensor stored as bytes). Anything else is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tfshards.errors import OptionsError
+from tfshards.schemas.manifest import Manifest
+
+TFDS_FILE_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
+TFDS_FILES = ("dataset_info.json", "features.json")
+
+
+def tfds_problems(manifest: Manifest) -> list[str]:
+    """Why TFDS cannot load this dataset as it is; empty when it can."""
+    problems = []
+    if manifest.compression["type"] != "none":
+        problems.append(
+            f"shards are {manifest.compression['type']}-compressed; TFDS reads "
+            "uncompressed TFRecords only (convert with --compression none)"
+        )
+    if manifest.image_shape is None:
+        problems.append(
+            "records differ in size; TFDS features need one shape (convert with --resize HxW)"
+        )
+    image_raw = manifest.image["encoding"] == "raw"
+    mask_raw = manifest.mask["encoding"] == "raw"
+    if image_raw != mask_raw:
+        problems.append("images and masks must both be raw or both be PNG/JPEG for TFDS")
+    return problems
+
+
+def export_tfds(path: str | os.PathLike, *, name: str = "tfshards_dataset") -> list[Path]:
+    """Write dataset_info.json and features.json beside the shards; return their paths."""
+    manifest = Manifest.load(path)
+    problems = tfds_problems(manifest)
+    if problems:
+        raise OptionsError("TFDS cannot load this dataset: " + "; ".join(problems))
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise OptionsError(
+            'TFDS metadata needs tensorflow-datasets: pip install "tfshards[tfds]"'
+        ) from None
+    root = Path(path).resolve()
+    template = tfds.core.ShardedFileTemplate(
+        data_dir=root, template=TFDS_FILE_TEMPLATE, dataset_name=name, filetype_suffix="tfrecord"
+    )
+    split_infos = [
+        tfds.core.SplitInfo(
+            name=split,
+            shard_lengths=[shard.records for shard in info.shards],
+            num_bytes=info.bytes,
+            filename_template=template.replace(split=split),
+        )
+        for split, info in manifest.splits.items()
+    ]
+    tfds.folder_dataset.write_metadata(
+        data_dir=root,
+        features=_features(tfds, manifest),
+        split_infos=split_infos,
+        filename_template=template,
+        check_data=True,
+        description="Image/mask pairs converted by tfshards; see tfshards.json.",
+    )
+    return [root / file for file in TFDS_FILES]
+
+
+def _features(tfds, manifest: Manifest):
+    import numpy as np
+
+    height, width, channels = manifest.image_shape
+    raw = manifest.image["encoding"] == "raw"
+
+    def pixels(depth: int):
+        if raw:
+            return tfds.features.Tensor(
+                shape=(height, width, depth), dtype=np.uint8, encoding=tfds.features.Encoding.BYTES
+            )
+        return tfds.features.Image(shape=(height, width, depth))
+
+    scalar = tfds.features.Scalar(dtype=np.int64)
+    return tfds.features.FeaturesDict(
+        {
+            "key": tfds.features.Text(),
+            "image": {
+                "encoded": pixels(channels),
+                "format": tfds.features.Text(),
+                "height": scalar,
+                "width": scalar,
+                "channels": scalar,
+            },
+            "mask": {"encoded": pixels(1), "format": tfds.features.Text(), "channels": scalar},
+        }
+    )
