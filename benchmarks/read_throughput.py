@@ -3,8 +3,8 @@
     python benchmarks/read_throughput.py --count 2000 --size 256
 
 Rows (pairs/s; batches of 32; float32 images):
-  seeds_cold / seeds_disk_cached: two keras.utils.image_dataset_from_directory zipped,
-      shuffled, .cache(file), prefetch; first epoch, then the epoch read from its cache.
+  seeds_first_epoch / seeds_disk_cached: two keras.utils.image_dataset_from_directory
+      zipped, shuffled, .cache(file), prefetch; first epoch, then an epoch from its cache.
   list_files_map: list_files + parallel map decoding PNG image and mask.
   tfshards_<encoding>_cold: tfshards.read(cache=None), a pass after a warm-up pass.
   tfshards_<encoding>_warm: tfshards.read(cache=dir), an epoch after the cache was built.
@@ -18,6 +18,7 @@ The OS page cache is warm for every row (files were just written): say so when q
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -38,22 +39,37 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000, help="pairs (default 2000)")
     parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
     parser.add_argument("--encodings", default="keep,png,jpeg,raw")
-    parser.add_argument("--rss-count", type=int, default=500, help="pairs at 1x for RSS")
+    parser.add_argument(
+        "--rss-count",
+        type=int,
+        default=1200,
+        help="pairs at 1x for RSS (default 1200: more than the shuffle buffer)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per row")
     args = parser.parse_args()
 
     import tfshards
 
     rows: list[dict] = []
+    repeats = args.repeats
     with tempfile.TemporaryDirectory(prefix="tfshards-read-bench-") as tmp:
         tmp = Path(tmp)
         tfshards.synth(tmp / "data", count=args.count, size=args.size, seed=0)
-        seeds = keras_pipeline(tmp / "data", (args.size, args.size), tmp / "seeds-cache")
-        cold = rate(seeds)
-        disk_cached = rate(seeds)
-        rows += [row("seeds_cold", cold, cold), row("seeds_disk_cached", disk_cached, disk_cached)]
+        # The Keras pipeline's first epoch needs a fresh pipeline and cache file each time.
+        seeds_first, seeds_cached = [], []
+        for attempt in range(repeats):
+            seeds = keras_pipeline(
+                tmp / "data", (args.size, args.size), tmp / f"seeds-cache-{attempt}"
+            )
+            seeds_first.append(rate(seeds))
+            seeds_cached.append(rate(seeds))
+        cold, disk_cached = statistics.median(seeds_first), statistics.median(seeds_cached)
+        rows += [
+            row("seeds_first_epoch", seeds_first, cold),
+            row("seeds_disk_cached", seeds_cached, disk_cached),
+        ]
         lf = list_files_pipeline(tmp / "data" / "images", tmp / "data" / "masks")
-        rate(lf)
-        rows.append(row("list_files_map", rate(lf), cold))
+        rows.append(row("list_files_map", passes(lf, repeats), cold))
         ceiling_rate = None
         for encoding in args.encodings.split(","):
             shards = tmp / f"shards-{encoding}"
@@ -65,22 +81,21 @@ def main() -> None:
                 progress=False,
             )
             stream = tfshards.read(shards, batch_size=BATCH, seed=0)
-            rate(stream)
-            rows.append(row(f"tfshards_{encoding}_cold", rate(stream), cold))
+            rows.append(row(f"tfshards_{encoding}_cold", passes(stream, repeats), cold))
             cached = tfshards.read(shards, batch_size=BATCH, seed=0, cache=tmp / "cache")
-            rate(cached)
-            rows.append(row(f"tfshards_{encoding}_warm", rate(cached), disk_cached))
+            rows.append(row(f"tfshards_{encoding}_warm", passes(cached, repeats), disk_cached))
             if encoding == "raw":
                 as_bytes = tfshards.read(shards, batch_size=BATCH, seed=0, image_dtype="uint8")
-                rate(as_bytes)
-                rows.append(row("tfshards_raw_cold_uint8", rate(as_bytes), cold))
-                bare = ceiling_pipeline(shards)
-                rate(bare)
-                ceiling_rate = rate(bare)
-                rows.append(row("ceiling_tfrecord_raw", ceiling_rate, cold))
+                rows.append(row("tfshards_raw_cold_uint8", passes(as_bytes, repeats), cold))
+                ceiling = passes(ceiling_pipeline(shards), repeats)
+                ceiling_rate = statistics.median(ceiling)
+                rows.append(row("ceiling_tfrecord_raw", ceiling, cold))
         for r in rows:
             r["vs_ceiling"] = round(r["pairs_per_s"] / ceiling_rate, 2) if ceiling_rate else ""
-        print(f"{args.count} pairs, {args.size}x{args.size} RGB, batch {BATCH}, page cache warm")
+        print(
+            f"{args.count} pairs, {args.size}x{args.size} RGB, batch {BATCH}, page cache "
+            f"warm; median of {repeats} passes (after one warm-up pass for tfshards rows)"
+        )
         print(markdown_table(rows))
         print()
         print(markdown_table(rss_rows(tmp, args)))
@@ -91,11 +106,19 @@ def rate(dataset) -> float:
     return count / seconds
 
 
-def row(name: str, pairs_per_s: float, baseline: float) -> dict:
+def passes(dataset, repeats: int) -> list[float]:
+    """One warm-up pass (for a cached pipeline: the pass that builds it), then timed ones."""
+    rate(dataset)
+    return [rate(dataset) for _ in range(repeats)]
+
+
+def row(name: str, rates: list[float], baseline: float) -> dict:
+    middle = statistics.median(rates)
     return {
         "pipeline": name,
-        "pairs_per_s": round(pairs_per_s),
-        "vs_baseline": round(pairs_per_s / baseline, 2),
+        "pairs_per_s": round(middle),
+        "spread": round((max(rates) - min(rates)) / middle, 2),
+        "vs_baseline": round(middle / baseline, 2),
     }
 
 
