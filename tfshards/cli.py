@@ -136,6 +136,21 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("output and execution")
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--workers", type=int, help="parallel processes (default: all cores)")
+    g.add_argument(
+        "--runner",
+        choices=("local", "beam"),
+        default="local",
+        help="write shards with local processes (default) or an Apache Beam pipeline "
+        '(pip install "tfshards[beam]"); the output is byte-identical',
+    )
+    g.add_argument(
+        "--beam-option",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one Beam pipeline option, repeatable: --beam-option=--runner=DirectRunner "
+        "--beam-option=--direct_num_workers=2",
+    )
     mode = g.add_mutually_exclusive_group()
     mode.add_argument(
         "--resume",
@@ -177,6 +192,11 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         index=args.index,
     )
+    runner = None
+    if args.runner == "beam":
+        from tfshards.converters.beam import beam_runner
+
+        runner = beam_runner(args.beam_option)
     result = convert_with_report(
         args.images,
         args.masks,
@@ -189,6 +209,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         resume=args.resume,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        runner=runner,
     )
     print(conversion_summary(result))
     if args.tfds_metadata:

@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +33,10 @@ from tfshards.schemas.manifest import Manifest, ShardInfo, SplitInfo
 
 log = logging.getLogger("tfshards")
 _HEADER_SAMPLE = 32
+
+
+# Writes the planned shards into a folder and yields their results, in any order.
+ShardRunner = Callable[[list[ShardSpec], ConvertOptions, int, Path], Iterable[ShardResult]]
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ def convert(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    runner: ShardRunner | None = None,
     **option_values: Any,
 ) -> Manifest:
     """Convert an image folder and a mask folder into TFRecord shards; return the manifest.
@@ -83,6 +88,7 @@ def convert(
         resume=resume,
         overwrite=overwrite,
         progress=progress,
+        runner=runner,
         **option_values,
     ).manifest
 
@@ -100,9 +106,14 @@ def convert_with_report(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    runner: ShardRunner | None = None,
     **option_values: Any,
 ) -> ConvertResult:
-    """Like :func:`convert`, also returning timing and pairing details (used by the CLI)."""
+    """Like :func:`convert`, also returning timing and pairing details (used by the CLI).
+
+    ``runner`` writes the planned shards; the default uses local worker processes,
+    ``tfshards.converters.beam.beam_runner(...)`` an Apache Beam pipeline.
+    """
     started = time.perf_counter()
     options = replace(options or ConvertOptions(), **option_values)
     report = pair_files(images, masks, image_pattern=image_pattern, mask_pattern=mask_pattern)
@@ -138,7 +149,11 @@ def convert_with_report(
         if begun:
             log.info("resuming: %d of %d shards already complete", len(begun), len(specs))
         results = dict(begun)
-        for result in _write_shards(todo, options, channels, out, workers, progress):
+        if runner is None:
+            results_of = _write_shards(todo, options, channels, out, workers, progress)
+        else:
+            results_of = runner(todo, options, channels, out)
+        for result in results_of:
             folder.record(result)
             results[result.file] = result
         manifest = _manifest(specs, results, options, source, report)

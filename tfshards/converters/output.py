@@ -110,7 +110,7 @@ class OutputFolder:
     def _completed(self) -> dict[str, ShardResult]:
         done = {}
         for record in sorted((self.work / "done").glob("*.json")):
-            result = _result_from_json(json.loads(record.read_text()))
+            result = result_from_json(json.loads(record.read_text()))
             shard = self.path / result.file
             if shard.is_file() and shard.stat().st_size == result.bytes:
                 done[result.file] = result
@@ -150,7 +150,7 @@ def _write_json(path: Path, body: dict) -> None:
     os.replace(tmp, path)
 
 
-def _result_from_json(body: dict) -> ShardResult:
+def result_from_json(body: dict) -> ShardResult:
     body["skipped"] = [SkippedPair(**item) for item in body["skipped"]]
     body["image_sizes"] = [tuple(size) for size in body["image_sizes"]]
     return ShardResult(**body)
