@@ -29,6 +29,7 @@ from tfshards.converters.shard_job import (
     write_shard_in_worker,
 )
 from tfshards.converters.validation import image_channels
+from tfshards.errors import PairingError
 from tfshards.schemas.manifest import Manifest, ShardInfo, SplitInfo
 
 log = logging.getLogger("tfshards")
@@ -122,6 +123,7 @@ def convert_with_report(
         log.warning("%s (left out: --allow-unpaired)", problem)
     channels = options.channels or image_channels(pairs[0].image)
     options = options.resolved(channels)
+    stats = _file_stats(pairs)
     specs = plan_shards(
         pairs,
         seed=options.seed,
@@ -130,14 +132,14 @@ def convert_with_report(
         compression=options.compression,
         num_shards=options.num_shards,
         shard_size=options.shard_size,
-        pair_bytes=_estimated_pair_bytes(pairs, options, channels),
+        pair_bytes=_estimated_pair_bytes(pairs, stats, options, channels),
     )
     source = {
         "images": str(Path(images).resolve()),
         "masks": str(Path(masks if masks is not None else images).resolve()),
         "image_pattern": image_pattern,
         "mask_pattern": mask_pattern,
-        "fingerprint": _job_fingerprint(pairs, options),
+        "fingerprint": _job_fingerprint(pairs, stats, options),
     }
     out = Path(out)
     with OutputFolder(out, resume=resume, overwrite=overwrite) as folder:
@@ -163,12 +165,20 @@ def convert_with_report(
     )
 
 
+def _file_stats(pairs: Sequence[Pair]) -> dict[str, tuple[os.stat_result, os.stat_result]]:
+    """One stat per file, shared by the size estimate and the resume fingerprint."""
+    try:
+        return {p.key: (os.stat(p.image), os.stat(p.mask)) for p in pairs}
+    except OSError as exc:
+        raise PairingError(f"{exc.filename}: cannot read ({exc.strerror})") from exc
+
+
 def _estimated_pair_bytes(
-    pairs: Sequence[Pair], options: ConvertOptions, channels: int
+    pairs: Sequence[Pair], stats: dict, options: ConvertOptions, channels: int
 ) -> dict[str, int]:
     """Bytes each pair will take in a shard, before compression (for shard counts)."""
     if options.encoding != "raw":
-        return {p.key: p.image.stat().st_size + p.mask.stat().st_size for p in pairs}
+        return {p.key: stats[p.key][0].st_size + stats[p.key][1].st_size for p in pairs}
     if options.resize is not None:
         height, width = options.resize
         pixels = height * width
@@ -184,12 +194,11 @@ def _estimated_pair_bytes(
     return {p.key: pixels * (channels + 1) for p in pairs}
 
 
-def _job_fingerprint(pairs: Sequence[Pair], options: ConvertOptions) -> str:
+def _job_fingerprint(pairs: Sequence[Pair], stats: dict, options: ConvertOptions) -> str:
     """Identifies the inputs (paths, sizes, mtimes) and options, to guard --resume."""
     digest = hashlib.sha256(json.dumps(options.to_json(), sort_keys=True).encode())
     for pair in pairs:
-        for path in (pair.image, pair.mask):
-            stat = path.stat()
+        for path, stat in zip((pair.image, pair.mask), stats[pair.key], strict=True):
             digest.update(
                 f"{pair.key}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode(
                     "utf-8", "surrogateescape"

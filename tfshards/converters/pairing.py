@@ -80,39 +80,48 @@ class KeyPattern:
         return match.group("key") if match else None
 
 
-def _walk_files(root: Path) -> list[Path]:
-    """All files under root, sorted, without following directory links (no loops)."""
+def _walk_files(root: Path) -> list[str]:
+    """Paths of all files under root relative to it ('/'-separated), sorted.
+
+    Strings, not Path objects: listing and sorting a million files stays fast.
+    Directory links are not followed, so a link loop cannot hang the walk.
+    """
     if not root.is_dir():
         raise PairingError(f"{root}: not a folder")
-    found: list[Path] = []
+    found: list[str] = []
 
     def on_error(exc: OSError) -> None:
         raise PairingError(f"{exc.filename}: cannot list folder ({exc.strerror})") from exc
 
-    for folder, subfolders, files in os.walk(root, onerror=on_error):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-        found.extend(Path(folder, name) for name in files)
-    return sorted(found)
+    top = os.fspath(root)
+    for folder, subfolders, files in os.walk(top, onerror=on_error):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        prefix = os.path.relpath(folder, top).replace(os.sep, "/")
+        prefix = "" if prefix == "." else prefix + "/"
+        found.extend(prefix + name for name in files)
+    found.sort()
+    return found
 
 
 def _keyed_files(root: Path, pattern: KeyPattern | None) -> tuple[dict[str, list[Path]], int]:
     """Map key -> files under root that match; also count the files ignored."""
     keyed: dict[str, list[Path]] = defaultdict(list)
     ignored = 0
-    for path in _walk_files(root):
-        relative = path.relative_to(root)
-        if path.name.startswith(".") or path.suffix.lower() not in IMAGE_SUFFIXES:
+    for relative in _walk_files(root):
+        folder, _, name = relative.rpartition("/")
+        stem, dot, suffix = name.rpartition(".")
+        if name.startswith(".") or not dot or f".{suffix.lower()}" not in IMAGE_SUFFIXES:
             ignored += 1
             continue
         if pattern is None:
-            key = relative.with_suffix("").as_posix()
+            key = relative[: -len(suffix) - 1]
         else:
-            name_key = pattern.key_of(path.name)
+            name_key = pattern.key_of(name)
             if name_key is None:
                 ignored += 1
                 continue
-            key = (relative.parent / name_key).as_posix()
-        keyed[key].append(path)
+            key = f"{folder}/{name_key}" if folder else name_key
+        keyed[key].append(root / relative)
     return keyed, ignored
 
 
@@ -150,7 +159,7 @@ def pair_files(
         matched = {p for ps in image_keys.values() for p in ps} | {
             p for ps in mask_keys.values() for p in ps
         }
-        ignored = sum(1 for p in _walk_files(images_root) if p not in matched)
+        ignored = sum(1 for p in _walk_files(images_root) if images_root / p not in matched)
     return _match(image_keys, mask_keys, ignored)
 
 
