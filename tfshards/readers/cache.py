@@ -27,6 +27,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import tensorflow as tf
+
 from tfshards.errors import TfshardsError
 from tfshards.readers.shards import SplitShards
 
@@ -99,7 +101,7 @@ def finalized_snapshot(entry: Path) -> Path | None:
     graph, which is not stable across processes, so readers look for any
     finalized one instead of recomputing that hash.
     """
-    from tensorflow.core.protobuf import snapshot_pb2
+    from tensorflow.core.protobuf import snapshot_pb2  # noqa: PLC0415 - TF-internal proto
 
     newest, newest_time = None, -1
     for metadata in (entry / SNAPSHOT_DIR).glob("*/snapshot.metadata"):
@@ -142,3 +144,68 @@ def clear_caches(root: str | os.PathLike) -> int:
 
 def _cache_root_of(path: Path) -> Path:
     return path / CACHE_DIR_NAME if (path / CACHE_DIR_NAME).is_dir() else path
+
+
+def cached_pairs(
+    pairs: tf.data.Dataset,
+    cache,
+    shards: SplitShards,
+    shape: tuple[int, int, int],
+    pipeline: tuple[int, int],
+) -> tf.data.Dataset:
+    """Pairs through the cache asked for: none, memory, or a disk entry (built or read)."""
+    if cache in (None, False):
+        return pairs
+    if cache == "memory":
+        return pairs.cache()
+    dataset = Path(shards.paths[0]).parent
+    root = default_cache_root(dataset) if cache is True else Path(cache)
+    fingerprint = cache_fingerprint(shards, shape, pipeline)
+    height, width, channels = shape
+    info = {
+        "dataset": str(dataset),
+        "split": shards.split,
+        "shape": list(shape),
+        "pipeline": list(pipeline),
+        "records": shards.records,
+    }
+    needed = int(shards.records * height * width * (channels + 1) * 1.05) + 2**20
+    entry = prepare_entry(root, fingerprint, info, needed)
+    ready = finalized_snapshot(entry)
+    if ready is not None:
+        indexed = tf.data.Dataset.load(
+            str(ready),
+            element_spec=(tf.TensorSpec([], tf.int64), pairs.element_spec),
+            reader_func=_read_in_order,
+        )
+    else:
+        indexed = pairs.enumerate().snapshot(
+            str(entry / SNAPSHOT_DIR),
+            compression=None,
+            shard_func=_cache_file_of,
+            reader_func=_read_in_order,
+        )
+    return indexed.map(_drop_index)
+
+
+# The cache is written round-robin into CACHE_FILES files and read back round-robin,
+# in parallel, which yields the elements in the order they were written.
+CACHE_FILES = 4
+
+
+def _cache_file_of(index: tf.Tensor, pair) -> tf.Tensor:
+    return index % CACHE_FILES
+
+
+def _read_in_order(files: tf.data.Dataset) -> tf.data.Dataset:
+    return files.interleave(
+        lambda file: file,
+        cycle_length=CACHE_FILES,
+        block_length=1,
+        num_parallel_calls=CACHE_FILES,
+        deterministic=True,
+    )
+
+
+def _drop_index(index: tf.Tensor, pair):
+    return pair

@@ -13,14 +13,13 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
-from tfshards.readers import cache as disk_cache
+from tfshards.readers.cache import cached_pairs
+from tfshards.readers.decode import decoded_pairs, finisher, raw_batch_decoder, raw_same_size
 from tfshards.readers.shards import SplitShards, split_shards
-from tfshards.schemas.record import tf_decode_pixels, tf_feature_spec
 
 AUTOTUNE = tf.data.AUTOTUNE
 Augment = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
@@ -116,7 +115,7 @@ def read(
         parallel=(shuffle and not disk) or options.cycle_length,
         deterministic=deterministic or disk,
     )
-    finish = _finisher(shards, image_dtype, augment, one_hot)
+    finish = finisher(shards, image_dtype, augment, one_hot)
     batching = dict(
         batch_size=batch_size, drop_remainder=drop_remainder, deterministic=deterministic
     )
@@ -128,24 +127,28 @@ def read(
                 seed=seed,
                 reshuffle_each_iteration=True,
             )
-        if _raw_same_size(shards, shape) and augment is None:
+        if raw_same_size(shards, shape) and augment is None:
             # Raw pixels of one size: parse, decode and cast whole batches, no per-record op.
             batches = (
                 records.batch(batch_size, drop_remainder=drop_remainder)
                 .map(
-                    _raw_batch_decoder(shape),
+                    raw_batch_decoder(shape),
                     num_parallel_calls=AUTOTUNE,
                     deterministic=deterministic,
                 )
                 .map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
             )
         else:
-            pairs = _decoded(records, shards, shape, options, deterministic=deterministic)
+            pairs = decoded_pairs(
+                records, shards, shape, options.parse_batch_size, deterministic=deterministic
+            )
             batches = _batched(pairs, finish, augment, **batching)
     else:
-        pairs = _decoded(records, shards, shape, options, deterministic=deterministic or disk)
+        pairs = decoded_pairs(
+            records, shards, shape, options.parse_batch_size, deterministic=deterministic or disk
+        )
         if service is None:
-            pairs = _cached(pairs, cache, shards, shape, pipeline)
+            pairs = cached_pairs(pairs, cache, shards, shape, pipeline)
         else:
             pairs = pairs.apply(
                 tf.data.experimental.service.distribute("distributed_epoch", service)
@@ -247,139 +250,6 @@ def _records(
     )
 
 
-def _decoded(
-    records: tf.data.Dataset,
-    shards: SplitShards,
-    shape: tuple[int, int, int],
-    options: ReadOptions,
-    *,
-    deterministic: bool,
-) -> tf.data.Dataset:
-    spec = tf_feature_spec()
-    raw_image = shards.manifest.image["encoding"] == "raw"
-    raw_mask = shards.manifest.mask["encoding"] == "raw"
-    height, width, channels = shape
-    stored = shards.manifest.image_shape
-
-    def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-        return tf.io.parse_example(serialized, spec)
-
-    def decode(features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        h, w = features["image/height"], features["image/width"]
-        image = tf_decode_pixels(features["image/encoded"], h, w, channels, raw=raw_image)
-        mask = tf_decode_pixels(features["mask/encoded"], h, w, 1, raw=raw_mask)
-        if stored is None or stored[:2] != (height, width):
-            image = tf.image.resize(image, (height, width), method="bilinear", antialias=True)
-            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-            mask = tf.image.resize(mask, (height, width), method="nearest")
-        return tf.ensure_shape(image, shape), tf.ensure_shape(mask, (height, width, 1))
-
-    parsed = records.batch(options.parse_batch_size).map(
-        parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic
-    )
-    if _raw_same_size(shards, shape):
-        return parsed.map(
-            _raw_decoder(shape), num_parallel_calls=AUTOTUNE, deterministic=deterministic
-        ).unbatch()
-    return parsed.unbatch().map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-
-
-def _raw_same_size(shards: SplitShards, shape: tuple[int, int, int]) -> bool:
-    manifest = shards.manifest
-    return (
-        manifest.image["encoding"] == "raw"
-        and manifest.mask["encoding"] == "raw"
-        and manifest.image_shape == shape
-    )
-
-
-def _raw_decoder(shape: tuple[int, int, int]):
-    """Parsed features of a batch of same-size raw records -> uint8 image and mask batches."""
-    height, width, _ = shape
-
-    def decode(features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        image = tf.io.decode_raw(features["image/encoded"], tf.uint8)
-        mask = tf.io.decode_raw(features["mask/encoded"], tf.uint8)
-        return tf.reshape(image, (-1, *shape)), tf.reshape(mask, (-1, height, width, 1))
-
-    return decode
-
-
-def _raw_batch_decoder(shape: tuple[int, int, int]):
-    """Serialized same-size raw records -> uint8 image and mask batches."""
-    spec = tf_feature_spec()
-    decode = _raw_decoder(shape)
-
-    def parse_and_decode(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        return decode(tf.io.parse_example(serialized, spec))
-
-    return parse_and_decode
-
-
-def _cached(
-    pairs: tf.data.Dataset,
-    cache,
-    shards: SplitShards,
-    shape: tuple[int, int, int],
-    pipeline: tuple[int, int],
-) -> tf.data.Dataset:
-    if cache in (None, False):
-        return pairs
-    if cache == "memory":
-        return pairs.cache()
-    dataset = Path(shards.paths[0]).parent
-    root = disk_cache.default_cache_root(dataset) if cache is True else Path(cache)
-    fingerprint = disk_cache.cache_fingerprint(shards, shape, pipeline)
-    height, width, channels = shape
-    info = {
-        "dataset": str(dataset),
-        "split": shards.split,
-        "shape": list(shape),
-        "pipeline": list(pipeline),
-        "records": shards.records,
-    }
-    needed = int(shards.records * height * width * (channels + 1) * 1.05) + 2**20
-    entry = disk_cache.prepare_entry(root, fingerprint, info, needed)
-    ready = disk_cache.finalized_snapshot(entry)
-    if ready is not None:
-        indexed = tf.data.Dataset.load(
-            str(ready),
-            element_spec=(tf.TensorSpec([], tf.int64), pairs.element_spec),
-            reader_func=_read_in_order,
-        )
-    else:
-        indexed = pairs.enumerate().snapshot(
-            str(entry / disk_cache.SNAPSHOT_DIR),
-            compression=None,
-            shard_func=_cache_file_of,
-            reader_func=_read_in_order,
-        )
-    return indexed.map(_drop_index)
-
-
-# The cache is written round-robin into CACHE_FILES files and read back round-robin,
-# in parallel, which yields the elements in the order they were written.
-CACHE_FILES = 4
-
-
-def _cache_file_of(index: tf.Tensor, pair) -> tf.Tensor:
-    return index % CACHE_FILES
-
-
-def _read_in_order(files: tf.data.Dataset) -> tf.data.Dataset:
-    return files.interleave(
-        lambda file: file,
-        cycle_length=CACHE_FILES,
-        block_length=1,
-        num_parallel_calls=CACHE_FILES,
-        deterministic=True,
-    )
-
-
-def _drop_index(index: tf.Tensor, pair):
-    return pair
-
-
 def _shuffle_buffer(
     shards: SplitShards,
     shape: tuple[int, int, int],
@@ -394,29 +264,3 @@ def _shuffle_buffer(
     if serialized and shards.manifest.image["encoding"] != "raw":
         record_bytes = max(1, shards.manifest.splits[shards.split].bytes // max(shards.records, 1))
     return max(1, min(shards.records, 10_000, (256 * 2**20) // record_bytes))
-
-
-def _finisher(
-    shards: SplitShards, image_dtype: str, augment: Augment | None, one_hot: bool
-) -> Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
-    """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot."""
-    classes = _num_classes(shards) if one_hot else 0
-
-    def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        if image_dtype == "float32":
-            image = tf.cast(image, tf.float32) / 255.0
-        mask = tf.cast(mask, tf.int32)
-        if augment is not None:
-            image, mask = augment(image, mask)
-        if one_hot:
-            mask = tf.one_hot(mask[..., 0], classes, dtype=tf.float32)
-        return image, mask
-
-    return finish
-
-
-def _num_classes(shards: SplitShards) -> int:
-    manifest = shards.manifest
-    if manifest.mask.get("num_classes"):
-        return manifest.mask["num_classes"]
-    return max(len(split.class_pixels) for split in manifest.splits.values())
