@@ -1,0 +1,170 @@
+"""`tfshards` subcommands that look at converted datasets: verify, inspect, cache,
+export-tfds, and the bench sweep. Wired into the parser by cli.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from tfshards.errors import TfshardsError
+
+log = logging.getLogger("tfshards")
+
+
+def add_cache(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cache",
+        help="list or clear the disk caches of a dataset",
+        description="Show the disk cache entries (state and size) under DIR, a dataset folder "
+        "or a cache folder given to read(cache=...), or remove them all.",
+    )
+    p.add_argument("action", choices=("list", "clear"), help="list entries, or remove them")
+    p.add_argument("dir", help="dataset folder (its .tfshards-cache) or cache folder")
+    p.set_defaults(run=_run_cache)
+
+
+def _run_cache(args: argparse.Namespace) -> int:
+    from tfshards.readers.cache import clear_caches, list_caches
+
+    if args.action == "clear":
+        freed = clear_caches(args.dir)
+        print(f"removed the caches under {args.dir}: {freed / 2**20:.1f} MiB freed")
+        return 0
+    entries = list_caches(args.dir)
+    if not entries:
+        print(f"no caches under {args.dir}")
+    for entry in entries:
+        shape = "x".join(str(n) for n in entry.info.get("shape", []))
+        print(
+            f"{entry.path}  {entry.state:10s} {entry.bytes / 2**20:9.1f} MiB  "
+            f"split={entry.info.get('split', '?')} shape={shape}"
+        )
+    return 0
+
+
+def add_export_tfds(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export-tfds",
+        help="write the metadata TFDS needs to load the shards",
+        description="Write dataset_info.json and features.json beside the shards, so that "
+        "tfds.builder_from_directory(DIR) loads every split with TFDS's own reader. TFDS can "
+        "represent uncompressed shards whose records share one size, with PNG/JPEG images "
+        "(keep, png, jpeg) or raw images and masks; other datasets are refused with the reason.",
+    )
+    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("--name", default="tfshards_dataset", help="TFDS dataset name")
+    p.set_defaults(run=_run_export_tfds)
+
+
+def _run_export_tfds(args: argparse.Namespace) -> int:
+    from tfshards.converters.tfds_export import export_tfds
+
+    written = export_tfds(args.dir, name=args.name)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check every shard and record against the manifest",
+        description="Read every record of every shard: sizes and sha256 against the manifest, "
+        "TFRecord CRCs, record counts, every record parses and decodes, image and mask shapes "
+        "agree, mask values below num_classes, keys unique across splits. Exit 0 when all "
+        "holds, 1 naming each bad shard.",
+    )
+    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("--quick", action="store_true", help="check sizes and hashes only")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from tfshards.checks.verify import verify
+    from tfshards.schemas.manifest import Manifest
+
+    try:
+        total = sum(len(s.shards) for s in Manifest.load(args.dir).splits.values())
+    except TfshardsError:
+        total = None
+    with tqdm(total=total, unit="shard", disable=args.quiet) as bar:
+        report = verify(args.dir, quick=args.quick, progress=bar.update)
+    print(report.table())
+    if not report.ok:
+        print(f"tfshards verify: error: {args.dir} failed verification", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+def add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="summarize a dataset; draw a preview grid",
+        description="Print splits, counts, shard sizes, encodings, source, seed, skipped pairs, "
+        "the class pixel histogram and suggested class weights (median frequency balancing).",
+    )
+    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--preview", metavar="PNG", help="draw random pairs: image, mask, overlay")
+    p.add_argument("--count", type=int, default=8, help="pairs in the preview (default 8)")
+    p.add_argument("--split", help="split to preview (default: the first)")
+    p.add_argument("--seed", type=int, default=0, help="which pairs to preview (default 0)")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from tfshards.checks.inspect import dataset_summary, summary_text, write_preview
+
+    summary = dataset_summary(args.dir)
+    print(json.dumps(summary, indent=2) if args.json else summary_text(summary))
+    if args.preview:
+        rows = write_preview(
+            args.dir, args.preview, count=args.count, seed=args.seed, split=args.split
+        )
+        log.info("wrote a preview of %d pairs to %s", rows, args.preview)
+    return 0
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure shard counts, encodings and compression on your data and disk",
+        description="Convert and read with every combination, beside the hand-written "
+        "baselines (the Keras image_dataset_from_directory pipeline, list_files + map) and the "
+        "bare TFRecordDataset ceiling; write results.csv, results.json, report.md and "
+        "throughput.png (with the 'bench' extra) and recommend a configuration.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", help="image folder (with --masks)")
+    source.add_argument("--synthetic", type=int, metavar="N", help="use N synthetic pairs")
+    p.add_argument("--masks", help="mask folder")
+    p.add_argument("--size", type=int, default=256, help="synthetic image side (default 256)")
+    p.add_argument("--work", help="scratch folder for shards (default: a temporary folder)")
+    p.add_argument("--report", default="bench", help="output folder (default ./bench)")
+    p.add_argument("--shards", default="1,4,16,64", help="shard counts (default 1,4,16,64)")
+    p.add_argument("--encodings", default="keep,raw", help="image encodings (default keep,raw)")
+    p.add_argument("--compression", default="none,gzip", help="compressions (default none,gzip)")
+    p.add_argument("--cycle-lengths", default="1,4,16", help="interleave cycle lengths")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per point (default 3)")
+    p.add_argument(
+        "--max-disk-ratio",
+        type=float,
+        default=4.0,
+        help="recommend only configurations within this many times the source bytes",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small grid (2 shard counts, keep+raw, no compression, cycle 1 and "
+        "4, 1 repeat; with --synthetic, at most 300 pairs of 64x64)",
+    )
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from tfshards.benchmarking.cli import run_bench
+
+    return run_bench(args)
