@@ -61,6 +61,7 @@ def _config(args: argparse.Namespace, images: Path, masks: Path, work: Path) -> 
             cycle_lengths=(1, 4),
             repeats=1,
             max_disk_ratio=args.max_disk_ratio,
+            synthetic=not args.images,
         )
     return SweepConfig(
         images,
@@ -72,6 +73,7 @@ def _config(args: argparse.Namespace, images: Path, masks: Path, work: Path) -> 
         cycle_lengths=_numbers(args.cycle_lengths, "cycle-lengths"),
         repeats=args.repeats,
         max_disk_ratio=args.max_disk_ratio,
+        synthetic=not args.images,
     )
 
 

@@ -34,6 +34,7 @@ class SweepConfig:
     cycle_lengths: tuple[int, ...] = (1, 4, 16)
     repeats: int = 3
     max_disk_ratio: float = 4.0
+    synthetic: bool = False  # the inputs are a temporary synthetic dataset
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -66,9 +67,14 @@ class SweepResult:
         if not fitting:
             return None
         best = max(fitting, key=lambda r: r["cold_pairs_per_s"])
+        images, masks = (
+            ("YOUR_IMAGES", "YOUR_MASKS")
+            if self.config.synthetic
+            else (self.config.images, self.config.masks)
+        )
         command = (
-            f"tfshards convert --images {self.config.images} --masks "
-            f"{self.config.masks} --out SHARDS --num-shards {best['shards']} "
+            f"tfshards convert --images {images} --masks "
+            f"{masks} --out SHARDS --num-shards {best['shards']} "
             f"--encoding {best['encoding']} --compression {best['compression']}"
         )
         reader = (
