@@ -250,9 +250,19 @@ def test_a_new_process_reads_the_cache_without_decoding(dataset, tmp_path):
     assert "did not fully read" not in first.stderr + second.stderr
 
 
-def test_killed_cache_build_then_a_clean_run(dataset, tmp_path):
+@pytest.fixture(scope="module")
+def many_records(tmp_path_factory) -> Path:
+    """Enough records that read-ahead buffers cannot finish an epoch behind a slow consumer."""
+    root = tmp_path_factory.mktemp("many")
+    images, masks = write_pairs(root / "data", 400, size=(8, 8))
+    convert(images, masks, root / "shards", workers=1, progress=False)
+    return root / "shards"
+
+
+def test_killed_cache_build_then_a_clean_run(many_records, tmp_path):
+    dataset = many_records
     cache = tmp_path / "cache"
-    slow = "time.sleep(0.3); print('batch', flush=True, file=sys.stderr)"
+    slow = "time.sleep(0.05); print('batch', flush=True, file=sys.stderr)"
     process = subprocess.Popen(
         [sys.executable, "-c", _reader_script(dataset, cache, slow)],
         stderr=subprocess.PIPE,
@@ -271,12 +281,9 @@ def test_killed_cache_build_then_a_clean_run(dataset, tmp_path):
     assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
 
 
-def test_early_stopped_pass_is_not_published(tmp_path):
-    # Enough records that read-ahead buffers cannot finish the pass behind our back.
-    images, masks = write_pairs(tmp_path / "data", 400, size=(8, 8))
-    convert(images, masks, tmp_path / "shards", workers=1, progress=False)
+def test_early_stopped_pass_is_not_published(many_records, tmp_path):
     cache = tmp_path / "cache"
-    ds = tfshards.read(tmp_path / "shards", batch_size=1, cache=cache, shuffle=False)
+    ds = tfshards.read(many_records, batch_size=1, cache=cache, shuffle=False)
     for _ in ds.take(1):
         pass
     assert [e.state for e in tfshards.list_caches(cache)] == ["incomplete"]
@@ -444,9 +451,10 @@ def test_every_encoding_streams_and_caches_exact_pixels(tmp_path, encoding, cach
     assert masks_batch.dtype == tf.int32 and images_batch.shape[0] == 23
 
 
-def test_a_process_started_while_the_cache_is_half_built(dataset, tmp_path):
+def test_a_process_started_while_the_cache_is_half_built(many_records, tmp_path):
+    dataset = many_records
     cache = tmp_path / "cache"
-    slow = "time.sleep(0.2); print('batch', flush=True, file=sys.stderr)"
+    slow = "time.sleep(0.05); print('batch', flush=True, file=sys.stderr)"
     builder = subprocess.Popen(
         [sys.executable, "-c", _reader_script(dataset, cache, slow)],
         stdout=subprocess.PIPE,

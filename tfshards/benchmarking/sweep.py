@@ -148,7 +148,7 @@ def run_sweep(
         out = config.work / f"shards-{shards}-{encoding}-{compression}"
         row_base = _convert_point(config, out, shards, encoding, compression, source_bytes)
         step(f"converted {out.name}")
-        ceiling = _median_rate(config.repeats, ceiling_pipeline(out))
+        ceiling = _median_rate(config.repeats, ceiling_pipeline(out), cold=dropped)
         for cycle in config.cycle_lengths:
             result.rows.append(
                 _read_point(
@@ -264,7 +264,12 @@ def _rate(dataset) -> float:
     return count / seconds
 
 
-def _median_rate(repeats: int, dataset) -> float:
-    """A warm-up pass, then the median of ``repeats`` timed passes."""
+def _median_rate(repeats: int, dataset, *, cold: bool) -> float:
+    """A warm-up pass, then the median of ``repeats`` timed passes (cold: cache dropped)."""
     _rate(dataset)
-    return median_and_spread([_rate(dataset) for _ in range(repeats)])[0]
+    rates = []
+    for _ in range(repeats):
+        if cold:  # compared with cold tfshards passes, so measured the same way
+            drop_page_cache()
+        rates.append(_rate(dataset))
+    return median_and_spread(rates)[0]
