@@ -97,3 +97,8 @@ def shard_bytes(out: Path) -> dict[str, bytes]:
         for p in sorted(out.iterdir())
         if p.name.endswith((".tfrecord", ".gz", ".zz", ".json")) and not p.name.startswith(".")
     }
+
+
+def convert_args(images: Path, masks: Path, out: Path) -> list[str]:
+    """The start of a quiet `tfshards convert` command line, for CLI tests."""
+    return ["-q", "convert", "--images", str(images), "--masks", str(masks), "--out", str(out)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import shard_bytes, write_pairs
+from conftest import convert_args, shard_bytes, write_pairs
 from PIL import Image
 
 from tfshards import convert
@@ -37,14 +37,7 @@ def test_cli_runner_beam(tmp_path, capsys):
     images, masks = write_pairs(tmp_path / "data", 10)
     flags = [f"--beam-option={flag}" for flag in BEAM_ARGS.split()]
     command = [
-        "-q",
-        "convert",
-        "--images",
-        str(images),
-        "--masks",
-        str(masks),
-        "--out",
-        str(tmp_path / "out"),
+        *convert_args(images, masks, tmp_path / "out"),
         "--runner",
         "beam",
         *flags,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shard_bytes, write_pairs
+from conftest import convert_args, shard_bytes, write_pairs
 from PIL import Image
 
 import tfshards
@@ -184,20 +184,7 @@ def test_disk_full_reported_by_the_cli(tmp_path, monkeypatch, capsys):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(writer, "frame_record", full)
-    code = main(
-        [
-            "-q",
-            "convert",
-            "--images",
-            str(images),
-            "--masks",
-            str(masks),
-            "--out",
-            str(tmp_path / "out"),
-            "--workers",
-            "1",
-        ]
-    )
+    code = main([*convert_args(images, masks, tmp_path / "out"), "--workers", "1"])
     assert code == 1
     assert "No space left on device" in capsys.readouterr().err
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MEMBRANE, read_records, shard_bytes, write_pairs
+from conftest import MEMBRANE, convert_args, read_records, shard_bytes, write_pairs
 from PIL import Image
 
 from tfshards import Manifest, OutputError, PairError, PairingError, convert
@@ -254,75 +254,13 @@ def test_resume_refuses_changed_inputs(tmp_path):
 
 def test_cli_exit_codes_and_messages(tmp_path, capsys):
     images, masks = write_pairs(tmp_path / "data", 6)
-    assert (
-        main(
-            [
-                "-q",
-                "convert",
-                "--images",
-                str(images),
-                "--masks",
-                str(masks),
-                "--out",
-                str(tmp_path / "out"),
-                "--num-classes",
-                "3",
-            ]
-        )
-        == 0
-    )
+    assert main([*convert_args(images, masks, tmp_path / "out"), "--num-classes", "3"]) == 0
     assert "train" in capsys.readouterr().out
-    assert (
-        main(
-            [
-                "-q",
-                "convert",
-                "--images",
-                str(images),
-                "--masks",
-                str(masks),
-                "--out",
-                str(tmp_path / "out"),
-            ]
-        )
-        == 1
-    )
+    assert main([*convert_args(images, masks, tmp_path / "out")]) == 1
     assert "not empty" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "-q",
-                "convert",
-                "--images",
-                str(images),
-                "--masks",
-                str(masks),
-                "--out",
-                str(tmp_path / "o2"),
-                "--mask-encoding",
-                "jpeg",
-            ]
-        )
-        == 2
-    )
+    assert main([*convert_args(images, masks, tmp_path / "o2"), "--mask-encoding", "jpeg"]) == 2
     assert "JPEG is lossy" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "-q",
-                "convert",
-                "--images",
-                str(images),
-                "--masks",
-                str(masks),
-                "--out",
-                str(tmp_path / "o3"),
-                "--num-classes",
-                "2",
-            ]
-        )
-        == 1
-    )
+    assert main([*convert_args(images, masks, tmp_path / "o3"), "--num-classes", "2"]) == 1
     assert "is not below --num-classes 2" in capsys.readouterr().err
     assert not (tmp_path / "o3" / "tfshards.json").exists()
     with pytest.raises(SystemExit) as exit_info:

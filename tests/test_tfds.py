@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import write_pairs
+from conftest import convert_args, write_pairs
 
 import tfshards
 from tfshards import OptionsError, convert
@@ -57,37 +57,16 @@ def test_cli_convert_with_tfds_metadata(tmp_path, capsys):
 
     images, masks = write_pairs(tmp_path / "data", 6)
     assert (
-        main(
-            [
-                "-q",
-                "convert",
-                "--images",
-                str(images),
-                "--masks",
-                str(masks),
-                "--out",
-                str(tmp_path / "out"),
-                "--tfds-metadata",
-                "--workers",
-                "1",
-            ]
-        )
+        main([*convert_args(images, masks, tmp_path / "out"), "--tfds-metadata", "--workers", "1"])
         == 0
     )
     assert "wrote TFDS metadata" in capsys.readouterr().out
-    builder = tfds.builder_from_directory(str(tmp_path / "out"))
+    builder = tfds.builder_from_directory(tmp_path / "out")
     assert builder.info.splits["train"].num_examples == 6
     assert (
         main(
             [
-                "-q",
-                "convert",
-                "--images",
-                str(images),
-                "--masks",
-                str(masks),
-                "--out",
-                str(tmp_path / "gz"),
+                *convert_args(images, masks, tmp_path / "gz"),
                 "--compression",
                 "gzip",
                 "--workers",
