@@ -240,3 +240,20 @@ def test_cache_cli_lists_and_clears(tmp_path, capsys):
     assert "MiB freed" in capsys.readouterr().out
     assert main(["-q", "cache", "list", str(tmp_path / "shards")]) == 0
     assert "no caches" in capsys.readouterr().out
+
+
+def test_keys_repeated_across_shards_are_reported(damaged):
+    import hashlib
+
+    body = json.loads((damaged / "tfshards.json").read_text())
+    train = body["splits"]["train"]["shards"][0]
+    copy = damaged / "val-00009-of-00010.tfrecord.gz"  # the same records, listed again in val
+    shutil.copy(damaged / train["file"], copy)
+    body["splits"]["val"]["shards"].append(
+        {**train, "file": copy.name, "sha256": hashlib.sha256(copy.read_bytes()).hexdigest()}
+    )
+    body["splits"]["val"]["records"] += train["records"]
+    (damaged / "tfshards.json").write_text(json.dumps(body))
+    bad = [s for s in verify(damaged).shards if not s.ok]
+    assert [s.file for s in bad] == [copy.name]
+    assert "also in " + train["file"] in bad[0].problems[0]

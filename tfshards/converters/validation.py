@@ -146,11 +146,10 @@ def _mask_pixels(pair: Pair, mask: Image.Image, options: ConvertOptions) -> tupl
         values = colour[:, :, 0]
     if mask.mode == "F":
         raise fail("float masks are not supported; masks hold integer class indices")
-    values = values.astype(np.int64)
     if options.mask_map is not None:
-        values = _remapped(values, options.mask_map, fail)
+        values = _remapped(values.astype(np.int64), options.mask_map, fail)
         changed = True
-    if values.size and (values.min() < 0 or values.max() > 255):
+    if values.dtype != np.uint8 and values.size and (values.min() < 0 or values.max() > 255):
         raise fail(
             f"mask value {int(values.max())} does not fit in 0..255 ({mask.mode} mask); "
             "tfshards stores class indices as uint8; remap them with --mask-map"
@@ -162,7 +161,7 @@ def _mask_pixels(pair: Pair, mask: Image.Image, options: ConvertOptions) -> tupl
             f"mask value {high} is not below --num-classes {options.num_classes} "
             f"({count} pixels); remap values with --mask-map, e.g. 0:0,255:1"
         )
-    return values.astype(np.uint8), changed
+    return values.astype(np.uint8, copy=False), changed
 
 
 def _remapped(values: np.ndarray, mask_map, fail) -> np.ndarray:

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
 from tfshards.readers.cache import cached_pairs
-from tfshards.readers.decode import decoded_pairs, finisher, raw_batch_decoder, raw_same_size
+from tfshards.readers.decode import (
+    Augment,
+    decoded_pairs,
+    finisher,
+    raw_batch_decoder,
+    raw_same_size,
+)
 from tfshards.readers.shards import SplitShards, split_shards
 
 AUTOTUNE = tf.data.AUTOTUNE
-Augment = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 
 
 @dataclass(frozen=True)

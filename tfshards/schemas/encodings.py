@@ -41,7 +41,6 @@ class SourceFile:
 @dataclass(frozen=True)
 class Encoding:
     name: str
-    lossless: bool
     encode: Callable[[np.ndarray, SourceFile], tuple[bytes, str]]
 
 
@@ -72,10 +71,10 @@ def _squeeze_gray(pixels: np.ndarray) -> np.ndarray:
 
 
 IMAGE_ENCODINGS: dict[str, Encoding] = {
-    "keep": Encoding("keep", lossless=False, encode=_keep),
-    "png": Encoding("png", lossless=True, encode=_png),
-    "jpeg": Encoding("jpeg", lossless=False, encode=_jpeg),
-    "raw": Encoding("raw", lossless=True, encode=_raw),
+    "keep": Encoding("keep", encode=_keep),
+    "png": Encoding("png", encode=_png),
+    "jpeg": Encoding("jpeg", encode=_jpeg),
+    "raw": Encoding("raw", encode=_raw),
 }
 # Masks hold class indices: a lossy encoding would invent classes at edges.
 MASK_ENCODINGS: dict[str, Encoding] = {
