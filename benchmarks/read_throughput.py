@@ -1,125 +1,310 @@
-"""Reading throughput: tfshards.read against the pipelines users write by hand, same data, one run.
+"""Reading throughput: tfshards.read against the hand-written Keras pipeline and against the
+measured bound of each path, same data, one run.
 
     python benchmarks/read_throughput.py --count 2000 --size 256
 
-Rows (pairs/s; batches of 32; float32 images):
-  seeds_first_epoch / seeds_disk_cached: two keras.utils.image_dataset_from_directory
-      zipped, shuffled, .cache(file), prefetch; first epoch, then an epoch from its cache.
-  list_files_map: list_files + parallel map decoding PNG image and mask.
-  tfshards_<encoding>_cold: tfshards.read(cache=None), a pass after a warm-up pass.
-  tfshards_<encoding>_warm: tfshards.read(cache=dir), an epoch after the cache was built.
-  tfshards_raw_cold_uint8: raw, uint8 images (no float conversion), to compare with the
-      ceiling, which yields bytes.
-  ceiling_tfrecord_raw: bare TFRecordDataset over the raw shards, bytes only, no parsing.
-Then peak RSS of tfshards.read at 1x and 4x the data, each in a fresh process.
-The OS page cache is warm for every row (files were just written): say so when quoting.
+Every row: median pairs/s of --repeats passes (after a warm-up pass), the spread
+((max - min) / median), process CPU ms per pair (steadier than wall time on a shared
+machine), the ratio to the hand-written first epoch, and the ratio to the row's bound.
+
+Baselines: the hand-written pipeline (two keras.utils.image_dataset_from_directory
+zipped, shuffle(1000), .cache(file), batch 32, float32): its first epoch (a fresh cache
+file each pass) and an epoch read from its disk cache.
+Bounds (no shuffle, no cache, the least work that yields the same output):
+  bare TFRecordDataset over the raw shards (bytes only); raw read+decode[+cast];
+  deflate read+inflate[+cast]; the built disk cache read[+cast].
+tfshards rows: the README path (default conversion, cache=True, float32): first epoch
+(a fresh cache each pass) and warm epochs (uint8 / float32); raw and deflate streams
+(uint8 / float32); keep (PNG here), jpeg and raw+gzip streams (float32).
+Then bytes on disk per encoding, the speed-up from 1 core to 2 (child processes pinned
+with os.sched_setaffinity before TensorFlow starts), and peak RSS at 1x and 4x the data.
+The OS page cache is warm for every row (the files were just written or read).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from _common import markdown_table, peak_rss_of
 
-from tfshards.benchmarking.baselines import (
-    ceiling_pipeline,
-    keras_pipeline,
-    list_files_pipeline,
-)
-from tfshards.benchmarking.measure import timed_pass
-
 BATCH = 32
+# (name, encoding, compression) of each conversion measured.
+CONVERSIONS = [
+    ("deflate", "deflate", "auto"),
+    ("keep", "keep", "auto"),
+    ("raw", "raw", "none"),
+    ("raw_gzip", "raw", "gzip"),
+    ("jpeg", "jpeg", "auto"),
+]
+SCALING_ROWS = ("raw_stream_uint8", "deflate_stream_uint8", "warm_uint8", "warm_float32")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=2000, help="pairs (default 2000)")
     parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
-    parser.add_argument("--encodings", default="keep,png,jpeg,raw")
-    parser.add_argument(
-        "--rss-count",
-        type=int,
-        default=1200,
-        help="pairs at 1x for RSS (default 1200: more than the shuffle buffer)",
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per row")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per row (default 3)")
+    parser.add_argument("--rss-count", type=int, default=1200, help="pairs at 1x for RSS")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the 1-vs-2-core runs")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # ROW:ROOT:CORES, for scaling
     args = parser.parse_args()
+    if args.child:
+        return child(args)
+    with tempfile.TemporaryDirectory(prefix="tfshards-read-bench-") as tmp:
+        run(Path(tmp), args)
 
+
+def run(tmp: Path, args: argparse.Namespace) -> None:
     import tfshards
 
-    rows: list[dict] = []
-    repeats = args.repeats
-    with tempfile.TemporaryDirectory(prefix="tfshards-read-bench-") as tmp:
-        tmp = Path(tmp)
-        tfshards.synth(tmp / "data", count=args.count, size=args.size, seed=0)
-        # The Keras pipeline's first epoch needs a fresh pipeline and cache file each time.
-        seeds_first, seeds_cached = [], []
-        for attempt in range(repeats):
-            seeds = keras_pipeline(
-                tmp / "data", (args.size, args.size), tmp / f"seeds-cache-{attempt}"
-            )
-            seeds_first.append(rate(seeds))
-            seeds_cached.append(rate(seeds))
-        cold, disk_cached = statistics.median(seeds_first), statistics.median(seeds_cached)
-        rows += [
-            row("seeds_first_epoch", seeds_first, cold),
-            row("seeds_disk_cached", seeds_cached, disk_cached),
-        ]
-        lf = list_files_pipeline(tmp / "data" / "images", tmp / "data" / "masks")
-        rows.append(row("list_files_map", passes(lf, repeats), cold))
-        ceiling_rate = None
-        for encoding in args.encodings.split(","):
-            shards = tmp / f"shards-{encoding}"
-            tfshards.convert(
-                tmp / "data" / "images",
-                tmp / "data" / "masks",
-                shards,
-                encoding=encoding,
-                progress=False,
-            )
-            stream = tfshards.read(shards, batch_size=BATCH, seed=0)
-            rows.append(row(f"tfshards_{encoding}_cold", passes(stream, repeats), cold))
-            cached = tfshards.read(shards, batch_size=BATCH, seed=0, cache=tmp / "cache")
-            rows.append(row(f"tfshards_{encoding}_warm", passes(cached, repeats), disk_cached))
-            if encoding == "raw":
-                as_bytes = tfshards.read(shards, batch_size=BATCH, seed=0, image_dtype="uint8")
-                rows.append(row("tfshards_raw_cold_uint8", passes(as_bytes, repeats), cold))
-                ceiling = passes(ceiling_pipeline(shards), repeats)
-                ceiling_rate = statistics.median(ceiling)
-                rows.append(row("ceiling_tfrecord_raw", ceiling, cold))
-        for r in rows:
-            r["vs_ceiling"] = round(r["pairs_per_s"] / ceiling_rate, 2) if ceiling_rate else ""
-        print(
-            f"{args.count} pairs, {args.size}x{args.size} RGB, batch {BATCH}, page cache "
-            f"warm; median of {repeats} passes (after one warm-up pass for tfshards rows)"
+    tfshards.synth(tmp / "data", count=args.count, size=args.size, seed=0)
+    for name, encoding, compression in CONVERSIONS:
+        tfshards.convert(
+            tmp / "data" / "images",
+            tmp / "data" / "masks",
+            tmp / name,
+            encoding=encoding,
+            compression=compression,
+            progress=False,
         )
-        print(markdown_table(rows))
+    rows = measure_rows(tmp, args)
+    print(
+        f"{args.count} pairs, {args.size}x{args.size} RGB + 1-channel masks, batch {BATCH}, "
+        f"page cache warm, {os.cpu_count()} cores; median of {args.repeats} passes"
+    )
+    print(markdown_table(rows))
+    print()
+    print(markdown_table(target_rows({r["pipeline"]: r for r in rows})))
+    print()
+    print(markdown_table(disk_rows(tmp, {r["pipeline"]: r for r in rows})))
+    if not args.no_scaling:
         print()
-        print(markdown_table(rss_rows(tmp, args)))
+        print(markdown_table(scaling_rows(tmp, args)))
+    print()
+    print(markdown_table(rss_rows(tmp, args)))
 
 
-def rate(dataset) -> float:
-    count, seconds = timed_pass(dataset)
-    return count / seconds
+def datasets(tmp: Path, name: str):
+    """The dataset of one named row (shared by the main run and the pinned children)."""
+    import tfshards
+    from tfshards.benchmarking.baselines import (
+        bound_pipeline,
+        cache_bound_pipeline,
+        ceiling_pipeline,
+    )
+
+    cache = tmp / "cache"
+    read = {
+        "warm_uint8": lambda: tfshards.read(tmp / "deflate", cache=cache, image_dtype="uint8"),
+        "warm_float32": lambda: tfshards.read(tmp / "deflate", cache=cache),
+        "bound_cache_uint8": lambda: cache_bound_pipeline(_entry(cache), cast=False),
+        "bound_cache_float32": lambda: cache_bound_pipeline(_entry(cache), cast=True),
+        "ceiling_tfrecord_raw": lambda: ceiling_pipeline(tmp / "raw"),
+        "bound_raw_uint8": lambda: bound_pipeline(tmp / "raw", cast=False),
+        "bound_raw_float32": lambda: bound_pipeline(tmp / "raw", cast=True),
+        "raw_stream_uint8": lambda: tfshards.read(tmp / "raw", image_dtype="uint8"),
+        "raw_stream_float32": lambda: tfshards.read(tmp / "raw"),
+        "bound_deflate_uint8": lambda: bound_pipeline(tmp / "deflate", cast=False),
+        "bound_deflate_float32": lambda: bound_pipeline(tmp / "deflate", cast=True),
+        "deflate_stream_uint8": lambda: tfshards.read(tmp / "deflate", image_dtype="uint8"),
+        "deflate_stream_float32": lambda: tfshards.read(tmp / "deflate"),
+        "keep_stream_float32": lambda: tfshards.read(tmp / "keep"),
+        "jpeg_stream_float32": lambda: tfshards.read(tmp / "jpeg"),
+        "raw_gzip_stream_float32": lambda: tfshards.read(tmp / "raw_gzip"),
+    }
+    return read[name]()
 
 
-def passes(dataset, repeats: int) -> list[float]:
-    """One warm-up pass (for a cached pipeline: the pass that builds it), then timed ones."""
-    rate(dataset)
-    return [rate(dataset) for _ in range(repeats)]
+def _entry(cache: Path) -> Path:
+    (entry,) = [p for p in cache.iterdir() if (p / "ready").is_dir()]
+    return entry
 
 
-def row(name: str, rates: list[float], baseline: float) -> dict:
+def measure_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
+    from tfshards.benchmarking.baselines import keras_pipeline
+
+    repeats, rows = args.repeats, []
+    first, cached = [], []
+    for attempt in range(repeats):  # a fresh pipeline and cache file for each first epoch
+        seeds = keras_pipeline(tmp / "data", (args.size, args.size), tmp / f"keras-cache-{attempt}")
+        first.append(one_pass(seeds))
+        cached.append(one_pass(seeds))
+    hand = statistics.median(rate for rate, _ in first)
+    rows += [row("hand_first_epoch", first, hand), row("hand_disk_cached", cached, hand)]
+    rows.append(row("readme_first_epoch", readme_first_epochs(tmp, repeats), hand))
+    for name in (
+        "warm_uint8",
+        "bound_cache_uint8",
+        "warm_float32",
+        "bound_cache_float32",
+        "ceiling_tfrecord_raw",
+        "bound_raw_uint8",
+        "raw_stream_uint8",
+        "bound_raw_float32",
+        "raw_stream_float32",
+        "bound_deflate_uint8",
+        "deflate_stream_uint8",
+        "bound_deflate_float32",
+        "deflate_stream_float32",
+        "keep_stream_float32",
+        "jpeg_stream_float32",
+        "raw_gzip_stream_float32",
+    ):
+        rows.append(row(name, passes(datasets(tmp, name), repeats), hand))
+    return rows
+
+
+def readme_first_epochs(tmp: Path, repeats: int) -> list[tuple[float, float]]:
+    """The README path's first epoch: decode and build the cache, from nothing, each pass."""
+    import tfshards
+
+    results = []
+    for attempt in range(repeats + 1):
+        cache = tmp / f"first-epoch-cache-{attempt}"
+        results.append(one_pass(tfshards.read(tmp / "deflate", cache=cache)))
+        shutil.rmtree(cache)
+    # The main cache for the warm rows, built once.
+    for _ in tfshards.read(tmp / "deflate", cache=tmp / "cache"):
+        pass
+    return results[1:]  # the first builds TensorFlow's kernels and graph caches
+
+
+def one_pass(dataset) -> tuple[float, float]:
+    """(pairs/s, CPU ms per pair) of one pass."""
+    from tfshards.benchmarking.measure import timed_pass_cpu
+
+    count, seconds, cpu = timed_pass_cpu(dataset)
+    return count / seconds, 1000 * cpu / count
+
+
+def passes(dataset, repeats: int) -> list[tuple[float, float]]:
+    one_pass(dataset)  # warm-up
+    return [one_pass(dataset) for _ in range(repeats)]
+
+
+def row(name: str, results: list[tuple[float, float]], hand: float) -> dict:
+    rates = [rate for rate, _ in results]
     middle = statistics.median(rates)
     return {
         "pipeline": name,
         "pairs_per_s": round(middle),
         "spread": round((max(rates) - min(rates)) / middle, 2),
-        "vs_baseline": round(middle / baseline, 2),
+        "cpu_ms_per_pair": round(statistics.median(cpu for _, cpu in results), 3),
+        "vs_hand_first_epoch": round(middle / hand, 2),
     }
+
+
+def target_rows(by_name: dict[str, dict]) -> list[dict]:
+    """The targets of issue 11, each as measured value / reference."""
+
+    def ratio(name: str, reference: str) -> float:
+        return by_name[name]["pairs_per_s"] / by_name[reference]["pairs_per_s"]
+
+    checks = [
+        ("warm uint8 >= 2x hand-written disk-cached epoch", "warm_uint8", "hand_disk_cached", 2.0),
+        ("warm float32 >= 90% of cache read+cast", "warm_float32", "bound_cache_float32", 0.9),
+        ("raw stream uint8 >= 80% of bare TFRecordDataset", "raw_stream_uint8",
+         "ceiling_tfrecord_raw", 0.8),
+        ("raw stream float32 >= 90% of read+cast", "raw_stream_float32", "bound_raw_float32",
+         0.9),
+        ("deflate stream uint8 >= 1.8x hand-written first epoch", "deflate_stream_uint8",
+         "hand_first_epoch", 1.8),
+        ("deflate stream float32 >= 90% of inflate+cast", "deflate_stream_float32",
+         "bound_deflate_float32", 0.9),
+        ("README first epoch >= 1.0x hand-written first epoch", "readme_first_epoch",
+         "hand_first_epoch", 1.0),
+    ]  # fmt: skip
+    rows = []
+    for text, name, reference, target in checks:
+        value = ratio(name, reference)
+        rows.append(
+            {
+                "target": text,
+                "measured": round(value, 2),
+                "cpu_ms_per_pair": f"{by_name[name]['cpu_ms_per_pair']} vs "
+                f"{by_name[reference]['cpu_ms_per_pair']}",
+                "met": "yes" if value >= target else "no",
+            }
+        )
+    return rows
+
+
+def disk_rows(tmp: Path, by_name: dict[str, dict]) -> list[dict]:
+    source = _folder_bytes(tmp / "data")
+    warm = by_name["warm_float32"]["pairs_per_s"]
+    rows = []
+    for name, _, _ in CONVERSIONS:
+        size = _folder_bytes(tmp / name)
+        cold = by_name.get(f"{name}_stream_float32", {}).get("pairs_per_s", "")
+        rows.append(
+            {
+                "encoding": name,
+                "MiB": round(size / 2**20, 1),
+                "vs_source": round(size / source, 2),
+                "cold_float32_pairs_per_s": cold,
+                "warm_float32_pairs_per_s (cache=True)": warm,
+            }
+        )
+    return rows
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(
+        p.stat().st_size
+        for p in folder.rglob("*")
+        if p.is_file() and ".tfshards-cache" not in p.parts
+    )
+
+
+def scaling_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
+    """Each row's rate pinned to 1 core and to 2 cores, in fresh processes."""
+    rows = []
+    for name in SCALING_ROWS:
+        rates = {}
+        for cores in ("0", "0,1"):
+            spec = f"{name}:{tmp}:{cores}:{args.repeats}"
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", spec],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            rates[cores] = json.loads(done.stdout.strip().splitlines()[-1])
+        one, two = rates["0"], rates["0,1"]
+        rows.append(
+            {
+                "pipeline": name,
+                "1_core_pairs_per_s": round(one["rate"]),
+                "2_cores_pairs_per_s": round(two["rate"]),
+                "speedup": round(two["rate"] / one["rate"], 2),
+                "cpu_ms_per_pair_1_core": round(one["cpu"], 3),
+                "cpu_ms_per_pair_2_cores": round(two["cpu"], 3),
+            }
+        )
+    return rows
+
+
+def child(args: argparse.Namespace) -> None:
+    """Pinned before TensorFlow starts, so its thread pools size themselves to the cores."""
+    name, root, cores, repeats = args.child.split(":")
+    os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    results = passes(datasets(Path(root), name), int(repeats))
+    print(
+        json.dumps(
+            {
+                "rate": statistics.median(r for r, _ in results),
+                "cpu": statistics.median(c for _, c in results),
+            }
+        )
+    )
 
 
 def rss_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
@@ -129,18 +314,25 @@ def rss_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
     for scale in (1, 4):
         data = tmp / f"rss{scale}"
         tfshards.synth(data, count=args.rss_count * scale, size=args.size, seed=scale)
-        tfshards.convert(
-            data / "images", data / "masks", data / "shards", encoding="raw", progress=False
-        )
-        result = peak_rss_of(
-            "import tfshards\n"
-            f"ds = tfshards.read({str(data / 'shards')!r}, batch_size={BATCH}, seed=0)\n"
-            "n = sum(int(i.shape[0]) for i, _ in ds)\n"
-            "RESULT = {'pairs': n}"
-        )
-        rows.append(
-            {"scale": f"{scale}x", "pairs": result["pairs"], "peak_rss_MiB": result["peak_rss_mib"]}
-        )
+        tfshards.convert(data / "images", data / "masks", data / "shards", progress=False)
+        for cache in (None, "True"):
+            result = peak_rss_of(
+                "import tfshards\n"
+                f"ds = tfshards.read({str(data / 'shards')!r}, batch_size={BATCH}, "
+                f"cache={cache})\n"
+                "for _ in range(2):\n"
+                "    n = sum(int(i.shape[0]) for i, _ in ds)\n"
+                "RESULT = {'pairs': n}"
+            )
+            rows.append(
+                {
+                    "scale": f"{scale}x",
+                    "pairs": result["pairs"],
+                    "path": "stream, 2 epochs" if cache is None else "cache=True, 2 epochs",
+                    "peak_rss_MiB": result["peak_rss_mib"],
+                }
+            )
+        shutil.rmtree(data)
     return rows
 
 

@@ -64,27 +64,26 @@ def read_records(out: Path, split: str = "train") -> list[dict]:
     import tensorflow as tf
 
     from tfshards.schemas import Manifest
-    from tfshards.schemas.record import tf_decode_pixels, tf_feature_spec
+    from tfshards.schemas.format import COMPRESSIONS, PIXEL_FORMATS
+    from tfshards.schemas.record import tf_feature_spec
 
     manifest = Manifest.load(out)
-    compression = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}[manifest.compression["type"]]
+    compression = COMPRESSIONS[manifest.compression["type"]].tf_name
     files = [str(out / shard.file) for shard in manifest.splits[split].shards]
     records = []
     for serialized in tf.data.TFRecordDataset(files, compression_type=compression):
         tf.train.Example.FromString(serialized.numpy())  # a plain tf.train.Example
         parsed = tf.io.parse_single_example(serialized, tf_feature_spec())
         h, w, c = (int(parsed[f"image/{k}"]) for k in ("height", "width", "channels"))
-        image_raw = parsed["image/format"].numpy() == b"raw"
-        mask_raw = parsed["mask/format"].numpy() == b"raw"
+        image_format = PIXEL_FORMATS[parsed["image/format"].numpy().decode()]
+        mask_format = PIXEL_FORMATS[parsed["mask/format"].numpy().decode()]
         records.append(
             {
                 "key": parsed["key"].numpy().decode(),
                 "image_format": parsed["image/format"].numpy().decode(),
                 "mask_format": parsed["mask/format"].numpy().decode(),
-                "image": tf_decode_pixels(parsed["image/encoded"], h, w, c, raw=image_raw).numpy(),
-                "mask": tf_decode_pixels(parsed["mask/encoded"], h, w, 1, raw=mask_raw).numpy()[
-                    :, :, 0
-                ],
+                "image": image_format.tf_decode(parsed["image/encoded"], h, w, c).numpy(),
+                "mask": mask_format.tf_decode(parsed["mask/encoded"], h, w, 1).numpy()[:, :, 0],
             }
         )
     return records

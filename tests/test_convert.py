@@ -18,7 +18,7 @@ from PIL import Image
 from tfshards import Manifest, OutputError, PairError, PairingError, convert
 from tfshards.cli import main
 
-ENCODINGS = ["keep", "png", "jpeg", "raw"]
+ENCODINGS = ["deflate", "keep", "png", "jpeg", "raw"]
 COMPRESSIONS = ["none", "gzip", "zlib"]
 
 
@@ -38,7 +38,7 @@ def test_round_trip_every_encoding_and_compression(tmp_path, encoding, compressi
         masks,
         tmp_path / "out",
         encoding=encoding,
-        mask_encoding="raw" if encoding == "raw" else "keep",
+        mask_encoding=encoding if encoding in ("raw", "deflate") else "keep",
         compression=compression,
         val_fraction=0.3,
         seed=3,
@@ -61,7 +61,7 @@ def test_round_trip_every_encoding_and_compression(tmp_path, encoding, compressi
 
 def test_keep_copies_source_bytes_and_reencodes_palette_masks(tmp_path):
     images, masks = write_pairs(tmp_path / "data", 4, image_format="jpeg", mask_mode="P")
-    convert(images, masks, tmp_path / "out", workers=1, progress=False, compression="none")
+    convert(images, masks, tmp_path / "out", workers=1, progress=False, encoding="keep")
     import tensorflow as tf
 
     from tfshards.schemas.record import tf_feature_spec
@@ -110,7 +110,8 @@ def test_manifest_contents(tmp_path):
 
         data = (tmp_path / "out" / shard.file).read_bytes()
         assert len(data) == shard.bytes and hashlib.sha256(data).hexdigest() == shard.sha256
-    assert loaded.image == {"encoding": "keep", "channels": 3, "height": 24, "width": 32}
+    assert loaded.image == {"encoding": "deflate", "channels": 3, "height": 24, "width": 32}
+    assert loaded.mask["encoding"] == "deflate" and loaded.compression["type"] == "none"
     assert not (tmp_path / "out" / ".tfshards-work").exists()
 
 
@@ -258,8 +259,10 @@ def test_cli_exit_codes_and_messages(tmp_path, capsys):
     assert "train" in capsys.readouterr().out
     assert main([*convert_args(images, masks, tmp_path / "out")]) == 1
     assert "not empty" in capsys.readouterr().err
-    assert main([*convert_args(images, masks, tmp_path / "o2"), "--mask-encoding", "jpeg"]) == 2
-    assert "JPEG is lossy" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # lossy encodings are not offered for masks
+        main([*convert_args(images, masks, tmp_path / "o2"), "--mask-encoding", "jpeg"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'jpeg'" in capsys.readouterr().err
     assert main([*convert_args(images, masks, tmp_path / "o3"), "--num-classes", "2"]) == 1
     assert "is not below --num-classes 2" in capsys.readouterr().err
     assert not (tmp_path / "o3" / "tfshards.json").exists()
@@ -323,7 +326,7 @@ def test_real_membrane_data(tmp_path):
         progress=False,
     )
     assert manifest.total_records == 30
-    assert manifest.image == {"encoding": "keep", "channels": 1, "height": 512, "width": 512}
+    assert manifest.image == {"encoding": "deflate", "channels": 1, "height": 512, "width": 512}
     for split in manifest.splits:
         for record in read_records(tmp_path / "out", split):
             image = np.asarray(Image.open(MEMBRANE / "image" / f"{record['key']}.png"))

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -433,7 +434,7 @@ def test_real_membrane_data_trains(tmp_path):
     assert total == tfshards.Manifest.load(tmp_path / "out").splits["train"].records
 
 
-@pytest.mark.parametrize("encoding", ["raw", "png"])
+@pytest.mark.parametrize("encoding", ["deflate", "raw", "keep"])
 @pytest.mark.parametrize("cache", [None, "disk"])
 def test_every_encoding_streams_and_caches_exact_pixels(tmp_path, encoding, cache):
     images, masks = write_pairs(tmp_path / "data", 23, size=(12, 10))
@@ -449,6 +450,33 @@ def test_every_encoding_streams_and_caches_exact_pixels(tmp_path, encoding, cach
     images_batch, masks_batch = next(iter(floats))
     assert images_batch.dtype == tf.float32 and float(tf.reduce_max(images_batch)) <= 1.0
     assert masks_batch.dtype == tf.int32 and images_batch.shape[0] == 23
+    as_bytes = tfshards.read(out, batch_size=23, seed=1, image_dtype="uint8", cache=where)
+    as_floats = tfshards.read(out, batch_size=23, seed=1, cache=where)
+    for (raw_images, _), (float_images, _) in zip(as_bytes, as_floats, strict=True):
+        np.testing.assert_allclose(float_images.numpy(), raw_images.numpy() / 255.0, atol=1e-7)
+
+
+def test_warm_epochs_are_reshuffled_and_complete(dataset, tmp_path):
+    ds = tfshards.read(dataset, batch_size=5, image_dtype="uint8", cache=tmp_path / "cache")
+    first = digests(ds)  # builds the cache
+    assert [e.state for e in tfshards.list_caches(tmp_path / "cache")] == ["ready"]
+    warm = [digests(ds) for _ in range(3)]
+    assert all(sorted(epoch) == sorted(first) for epoch in warm)
+    assert len({tuple(epoch) for epoch in warm}) > 1, "every cached epoch in the same order"
+
+
+def test_damaged_cache_files_are_rebuilt_not_read(dataset, tmp_path):
+    cache = tmp_path / "cache"
+    ordered = dict(batch_size=4, image_dtype="uint8", shuffle=False, cache=cache)
+    expected = digests(tfshards.read(dataset, **ordered))
+    (entry,) = tfshards.list_caches(cache)
+    part = next((entry.path / "ready").glob("part-*.image"))
+    part.write_bytes(part.read_bytes()[:-7])  # truncated
+    abandoned = entry.path / f".building-{socket.gethostname()}-999999999-deadbeef"
+    abandoned.mkdir()
+    assert digests(tfshards.read(dataset, **ordered)) == expected
+    assert not abandoned.exists(), "a dead process's build is removed"
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
 
 
 def test_a_process_started_while_the_cache_is_half_built(many_records, tmp_path):

@@ -171,10 +171,11 @@ def test_resize_uses_nearest_for_masks(pair):
 def test_options_refuse_bad_values():
     from tfshards import OptionsError
 
-    with pytest.raises(OptionsError, match="mask encoding 'jpeg' is refused: JPEG is lossy"):
+    with pytest.raises(OptionsError, match="mask encoding 'jpeg' is refused: it is lossy"):
         ConvertOptions(mask_encoding="jpeg")
     with pytest.raises(
-        OptionsError, match="unknown image encoding 'webp'; valid encodings: jpeg, keep, png, raw"
+        OptionsError,
+        match="unknown image encoding 'webp'; valid encodings: deflate, jpeg, keep, png, raw",
     ):
         ConvertOptions(encoding="webp")
     with pytest.raises(OptionsError, match="leave some pairs for training"):

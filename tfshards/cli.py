@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from tfshards.cli_tools import add_bench, add_cache, add_export_tfds, add_inspect, add_verify
 from tfshards.errors import OptionsError, TfshardsError
@@ -29,13 +30,13 @@ def _size_arg(parse: Callable):
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
     from tfshards.converters.options import (
-        COMPRESSIONS,
+        COMPRESSION_CHOICES,
         DEFAULT_SHARD_SIZE,
         parse_hw,
         parse_mask_map,
         parse_size,
     )
-    from tfshards.schemas.encodings import IMAGE_ENCODINGS
+    from tfshards.schemas.format import DEFAULT_ENCODING, ENCODINGS, MASK_ENCODINGS
 
     p = sub.add_parser(
         "convert",
@@ -83,23 +84,26 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("records and shards")
     g.add_argument(
         "--encoding",
-        choices=sorted(IMAGE_ENCODINGS),
-        default="keep",
-        help="image encoding: keep source PNG/JPEG bytes, png, jpeg, or raw pixels (default: keep)",
+        choices=sorted(ENCODINGS),
+        default=DEFAULT_ENCODING,
+        help="image encoding: deflate (raw pixels, zlib per record: lossless, compact, fast "
+        "to read), raw pixels, keep the source PNG/JPEG bytes (fastest conversion; smallest "
+        "for JPEG photos), png, or jpeg (lossy) (default: %(default)s)",
     )
     g.add_argument(
         "--mask-encoding",
-        choices=["auto", *sorted(IMAGE_ENCODINGS)],
+        choices=["auto", *sorted(MASK_ENCODINGS)],
         default="auto",
-        help="mask encoding: keep, png or raw; auto (default) is raw with raw images, else "
-        "keep; jpeg is refused, masks are never stored lossy",
+        help="mask encoding; auto (default) is the image encoding when that is deflate or "
+        "raw, else keep; masks are never stored lossy",
     )
     g.add_argument(
         "--compression",
-        choices=COMPRESSIONS,
+        choices=COMPRESSION_CHOICES,
         default="auto",
-        help="shard compression; auto (default) is gzip for raw pixels and none for "
-        "PNG/JPEG bytes, which gzip cannot shrink",
+        help="whole-shard compression; auto (default) is none: deflate, PNG and JPEG are "
+        "compressed already, and a gzip stream over raw pixels reads about half as fast "
+        "as deflate records",
     )
     g.add_argument(
         "--compression-level",
@@ -168,18 +172,10 @@ def _run_convert(args: argparse.Namespace) -> int:
     from tfshards.converters.convert import convert_with_report
     from tfshards.converters.options import ConvertOptions
 
-    if args.tfds_metadata and args.compression in ("gzip", "zlib"):
-        raise OptionsError(
-            "--tfds-metadata needs uncompressed shards: TFDS reads no "
-            f"{args.compression} TFRecords; use --compression none"
-        )
     options = ConvertOptions(
         encoding=args.encoding,
         mask_encoding=args.mask_encoding,
-        # TFDS reads uncompressed shards only, so 'auto' means none with --tfds-metadata.
-        compression="none"
-        if args.tfds_metadata and args.compression == "auto"
-        else args.compression,
+        compression=args.compression,
         compression_level=args.compression_level,
         num_shards=args.num_shards,
         shard_size=args.shard_size,
@@ -192,6 +188,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         resize=args.resize,
         on_error=args.on_error,
         index=args.index,
+        tfds_metadata=args.tfds_metadata,
     )
     runner = None
     if args.runner == "beam":
@@ -214,10 +211,9 @@ def _run_convert(args: argparse.Namespace) -> int:
     )
     print(conversion_summary(result))
     if args.tfds_metadata:
-        from tfshards.converters.tfds_export import export_tfds
+        from tfshards.converters.tfds_export import TFDS_FILES
 
-        written = export_tfds(args.out)
-        print("wrote TFDS metadata: " + ", ".join(str(p) for p in written))
+        print("wrote TFDS metadata: " + ", ".join(str(Path(args.out) / f) for f in TFDS_FILES))
     return 0
 
 

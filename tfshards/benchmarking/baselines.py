@@ -78,3 +78,72 @@ def ceiling_pipeline(
         .batch(batch_size)
         .prefetch(tf.data.AUTOTUNE)
     )
+
+
+def bound_pipeline(
+    shards: Path,
+    *,
+    cast: bool,
+    split: str = "train",
+    cycle_length: int | None = None,
+    batch_size: int = BATCH,
+):
+    """The least work that yields this dataset's uint8 (or float32) batches: read, parse,
+    decode with the format registry's batch decoder, [cast]; no shuffle, no cache.
+
+    Raw records give the read+cast bound, deflate records the inflate+cast bound.
+    """
+    import tensorflow as tf
+
+    from tfshards.readers.decode import pair_decoder
+    from tfshards.readers.shards import split_shards
+
+    listed = split_shards(shards, split)
+    decoder = pair_decoder(listed, listed.manifest.image_shape)
+    if not decoder.whole_batches:
+        raise ValueError(f"{shards}: bounds are measured on raw or deflate records of one size")
+    files = tf.data.Dataset.from_tensor_slices(list(listed.paths))
+    records = files.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=listed.compression_type),
+        cycle_length=cycle_length or min(len(listed.paths), 8),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+    def decode(serialized):
+        image, mask = decoder.decode_batch(serialized)
+        return (_to_float(image), tf.cast(mask, tf.int32)) if cast else (image, mask)
+
+    return (
+        records.batch(batch_size)
+        .map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def cache_bound_pipeline(entry: Path, *, cast: bool, batch_size: int = BATCH):
+    """Read a built tfshards disk cache entry in order and [cast]: the warm-epoch bound."""
+    import json
+
+    import tensorflow as tf
+
+    from tfshards.readers.cache import CacheLayout
+    from tfshards.readers.cache_stage import read_parts
+
+    info = json.loads((entry / "info.json").read_text())
+    layout = CacheLayout(entry, tuple(info["shape"]), info["records"])
+
+    def finish(image, mask):
+        return (_to_float(image), tf.cast(mask, tf.int32)) if cast else (image, mask)
+
+    return (
+        read_parts(layout, shuffle=False, seed=None)
+        .batch(batch_size)
+        .map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def _to_float(image):
+    from tfshards.readers.decode import to_float_image
+
+    return to_float_image(image)

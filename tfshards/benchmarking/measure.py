@@ -20,6 +20,13 @@ def timed_pass(dataset: Iterable) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
+def timed_pass_cpu(dataset: Iterable) -> tuple[int, float, float]:
+    """Iterate once; return (elements, wall seconds, process CPU seconds)."""
+    cpu = time.process_time()
+    count, seconds = timed_pass(dataset)
+    return count, seconds, time.process_time() - cpu
+
+
 def current_rss_mib() -> float:
     try:
         with open("/proc/self/status") as status:

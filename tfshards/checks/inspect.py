@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tfshards.checks.shard_io import decode_pixels, shard_examples
+from tfshards.checks.shard_io import shard_examples
+from tfshards.schemas.format import decode_pixels
 from tfshards.schemas.manifest import Manifest
 
 

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from tfshards.checks.shard_io import decode_pixels, file_sha256, shard_examples
+from tfshards.checks.shard_io import file_sha256, shard_examples
 from tfshards.errors import ManifestError
-from tfshards.schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from tfshards.schemas.format import OWN_NAMES, SHARD_LIKE, decode_pixels, index_path
+from tfshards.schemas.manifest import Manifest, ShardInfo
 from tfshards.schemas.record import FIELDS
-
-_SHARD_LIKE = re.compile(r"\.tfrecord(\.gz|\.zz)?$|-of-\d{5}")
-_OURS = {MANIFEST_NAME, ".tfshards.lock", ".tfshards-cache", ".tfshards-work"}
 
 
 @dataclass
@@ -92,11 +89,11 @@ def verify(
 
 def _stray_files(root: Path, manifest: Manifest) -> list[str]:
     listed = {s.file for split in manifest.splits.values() for s in split.shards}
-    listed |= {f"{name}.idx" for name in listed}
+    listed |= {index_path(Path(name)).name for name in listed}
     return [
         f"stray file {name!r} looks like a shard but is not in the manifest"
         for name in sorted(os.listdir(root))
-        if name not in listed and name not in _OURS and _SHARD_LIKE.search(name)
+        if name not in listed and name not in OWN_NAMES and SHARD_LIKE.search(name)
     ]
 
 

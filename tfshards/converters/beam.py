@@ -26,10 +26,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tfshards.converters.options import ConvertOptions
-from tfshards.converters.output import WORK_NAME, result_from_json
+from tfshards.converters.output import result_from_json, write_json_atomic
 from tfshards.converters.planning import ShardSpec
 from tfshards.converters.shard_job import ShardResult, write_shard
 from tfshards.errors import OptionsError
+from tfshards.schemas.format import journal_entry
 
 try:
     import apache_beam as beam
@@ -45,8 +46,7 @@ def _require_beam() -> None:
 def _write_one(spec: ShardSpec, options: ConvertOptions, channels: int, out: str) -> str:
     """Write one shard and its journal entry; return the shard's file name."""
     result = write_shard(spec, options, channels, Path(out))
-    done = Path(out) / WORK_NAME / "done" / f"{result.file}.json"
-    done.write_text(json.dumps(asdict(result)))
+    write_json_atomic(journal_entry(Path(out), result.file), asdict(result))
     return result.file
 
 
@@ -85,8 +85,8 @@ def beam_runner(beam_args: str | list[str] | None = None):
                     | "Planned shards" >> beam.Create(specs)
                     | WriteShards(options, channels, str(out))
                 )
-        done = Path(out) / WORK_NAME / "done"
         for spec in specs:
-            yield result_from_json(json.loads((done / f"{spec.file_name}.json").read_text()))
+            entry = journal_entry(Path(out), spec.file_name)
+            yield result_from_json(json.loads(entry.read_text()))
 
     return run

@@ -30,6 +30,7 @@ from tfshards.converters.shard_job import (
 )
 from tfshards.converters.validation import image_channels
 from tfshards.errors import PairingError
+from tfshards.schemas.format import image_encoding
 from tfshards.schemas.manifest import Manifest, ShardInfo, SplitInfo
 
 log = logging.getLogger("tfshards")
@@ -160,6 +161,10 @@ def convert_with_report(
             results[result.file] = result
         manifest = _manifest(specs, results, options, source, report)
         folder.publish(manifest)
+    if options.tfds_metadata:
+        from tfshards.converters.tfds_export import export_tfds
+
+        export_tfds(out)
     return ConvertResult(
         manifest, out, time.perf_counter() - started, len(todo), len(begun), report
     )
@@ -177,7 +182,7 @@ def _estimated_pair_bytes(
     pairs: Sequence[Pair], stats: dict, options: ConvertOptions, channels: int
 ) -> dict[str, int]:
     """Bytes each pair will take in a shard, before compression (for shard counts)."""
-    if options.encoding != "raw":
+    if not image_encoding(options.encoding).batchable:  # raw, deflate: sizes follow pixels
         return {p.key: stats[p.key][0].st_size + stats[p.key][1].st_size for p in pairs}
     if options.resize is not None:
         height, width = options.resize

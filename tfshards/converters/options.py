@@ -7,10 +7,17 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tfshards.errors import OptionsError
-from tfshards.schemas.encodings import image_encoding, mask_encoding
+from tfshards.schemas.format import (
+    AUTO_COMPRESSION,
+    COMPRESSIONS,
+    DEFAULT_ENCODING,
+    auto_mask_encoding,
+    image_encoding,
+    mask_encoding,
+)
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
-COMPRESSIONS = ("auto", "none", "gzip", "zlib")
+COMPRESSION_CHOICES = (AUTO_COMPRESSION, *COMPRESSIONS)
 ON_ERROR = ("fail", "skip")
 _UNITS = {
     "": 1,
@@ -35,7 +42,7 @@ class ConvertOptions:
     ConvertOptions(encoding='raw', ...)
     """
 
-    encoding: str = "keep"
+    encoding: str = DEFAULT_ENCODING
     mask_encoding: str = "auto"
     compression: str = "auto"
     compression_level: int = 1
@@ -50,12 +57,13 @@ class ConvertOptions:
     resize: tuple[int, int] | None = None
     on_error: str = "fail"
     index: bool = False
+    tfds_metadata: bool = False
 
     def __post_init__(self) -> None:
         image_encoding(self.encoding)
         if self.mask_encoding != "auto":
             mask_encoding(self.mask_encoding)
-        _one_of("compression", self.compression, COMPRESSIONS)
+        _one_of("compression", self.compression, COMPRESSION_CHOICES)
         _one_of("on_error", self.on_error, ON_ERROR)
         if not 0 <= self.compression_level <= 9:
             raise OptionsError(
@@ -88,7 +96,12 @@ class ConvertOptions:
                         f"mask_map entry {source}:{target}: sources must be 0..65535 and "
                         "targets 0..255"
                     )
-        if self.index and self.compression not in ("auto", "none"):
+        if self.tfds_metadata and self.compression not in (AUTO_COMPRESSION, "none"):
+            raise OptionsError(
+                f"TFDS metadata needs uncompressed shards: TFDS reads no {self.compression} "
+                "TFRecords; use compression none"
+            )
+        if self.index and self.compression not in (AUTO_COMPRESSION, "none"):
             raise OptionsError(
                 f"index files need uncompressed shards (got compression {self.compression!r}): "
                 "DALI and the tfrecord package seek to byte offsets in the file"
@@ -99,21 +112,19 @@ class ConvertOptions:
     def resolved(self, channels: int) -> ConvertOptions:
         """Concrete values for 'auto' settings.
 
-        mask_encoding 'auto' is raw when images are raw (reading never decodes a PNG),
-        else keep. compression 'auto' is gzip for raw pixels and none for PNG/JPEG bytes,
-        which gzip cannot shrink (measured: 39.8 MiB of PNGs stay 39.8 MiB, at twice the
-        time), and none whenever index files are asked for.
+        mask_encoding 'auto' follows images encoded raw or deflate (so the reader decodes
+        whole batches), else keep. compression 'auto' is none: deflate and PNG/JPEG bytes
+        are compressed already (gzip does not shrink them: 39.8 MiB of PNGs stay 39.8 MiB
+        at twice the time), and a gzip stream over raw pixels reads at about half the speed
+        of deflate records, which are inflated in parallel (benchmarks/README.md).
         """
-        raw = self.encoding == "raw"
         return replace(
             self,
             channels=channels,
-            mask_encoding=("raw" if raw else "keep")
+            mask_encoding=auto_mask_encoding(self.encoding)
             if self.mask_encoding == "auto"
             else self.mask_encoding,
-            compression=("gzip" if raw and not self.index else "none")
-            if self.compression == "auto"
-            else self.compression,
+            compression="none" if self.compression == AUTO_COMPRESSION else self.compression,
         )
 
     def to_json(self) -> dict[str, Any]:

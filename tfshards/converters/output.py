@@ -17,7 +17,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -25,13 +24,19 @@ from pathlib import Path
 from tfshards.converters.shard_job import ShardResult
 from tfshards.converters.tfds_export import TFDS_FILES
 from tfshards.errors import OutputError
-from tfshards.schemas.manifest import MANIFEST_NAME, Manifest, SkippedPair
-
-LOCK_NAME = ".tfshards.lock"
-WORK_NAME = ".tfshards-work"
-_OWN_FILE = re.compile(
-    r"^\.?(train|val|test)-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?(\.idx)?(\.tmp)?$"
+from tfshards.schemas.format import (
+    JOURNAL_DONE,
+    JOURNAL_JOB,
+    LOCK_NAME,
+    MANIFEST_NAME,
+    OWN_FILE,
+    TMP_SUFFIX,
+    WORK_NAME,
+    journal_entry,
+    temporary_path,
 )
+from tfshards.schemas.manifest import Manifest, SkippedPair
+
 log = logging.getLogger("tfshards")
 
 
@@ -80,10 +85,10 @@ class OutputFolder:
                 f"{self.path} is not empty ({len(existing)} entries, e.g. {existing[0].name}); "
                 "pass --resume to finish an interrupted conversion or --overwrite to replace it"
             )
-        for stale in self.path.glob(".*.tmp"):
+        for stale in self.path.glob(f".*{TMP_SUFFIX}"):
             stale.unlink()
-        (self.work / "done").mkdir(parents=True, exist_ok=True)
-        _write_json(self.work / "job.json", {"fingerprint": fingerprint})
+        (self.work / JOURNAL_DONE).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.work / JOURNAL_JOB, {"fingerprint": fingerprint})
         return self._completed()
 
     def _resumable(self, fingerprint: str) -> Manifest | None:
@@ -96,7 +101,7 @@ class OutputFolder:
                 f"{self.path} holds a complete conversion of other inputs or options; "
                 "pass --overwrite to replace it"
             )
-        job = self.work / "job.json"
+        job = self.work / JOURNAL_JOB
         if job.exists() and json.loads(job.read_text())["fingerprint"] != fingerprint:
             raise OutputError(
                 f"{self.path}: the inputs or options changed since the interrupted conversion "
@@ -109,7 +114,7 @@ class OutputFolder:
 
     def _completed(self) -> dict[str, ShardResult]:
         done = {}
-        for record in sorted((self.work / "done").glob("*.json")):
+        for record in sorted((self.work / JOURNAL_DONE).glob("*.json")):
             result = result_from_json(json.loads(record.read_text()))
             shard = self.path / result.file
             if shard.is_file() and shard.stat().st_size == result.bytes:
@@ -118,7 +123,7 @@ class OutputFolder:
 
     def record(self, result: ShardResult) -> None:
         """Journal a shard that is complete on disk, so a resume can skip it."""
-        _write_json(self.work / "done" / f"{result.file}.json", asdict(result))
+        write_json_atomic(journal_entry(self.path, result.file), asdict(result))
 
     def publish(self, manifest: Manifest) -> None:
         manifest.save(self.path)
@@ -129,7 +134,7 @@ class OutputFolder:
         (self.path / MANIFEST_NAME).unlink(missing_ok=True)
         others = []
         for entry in self.path.iterdir():
-            if _OWN_FILE.match(entry.name) or entry.name in TFDS_FILES:
+            if OWN_FILE.match(entry.name) or entry.name in TFDS_FILES:
                 entry.unlink()
             elif entry.name == WORK_NAME:
                 shutil.rmtree(entry)
@@ -144,8 +149,9 @@ class OutputFolder:
             )
 
 
-def _write_json(path: Path, body: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+def write_json_atomic(path: Path, body: dict) -> None:
+    """Write under a temporary name, then rename: readers never see half a file."""
+    tmp = temporary_path(path)
     tmp.write_text(json.dumps(body))
     os.replace(tmp, path)
 

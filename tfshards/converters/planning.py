@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 from tfshards.converters.pairing import Pair
 from tfshards.errors import OptionsError
+from tfshards.schemas.format import SPLITS, shard_file_name
 
-SPLITS = ("train", "val", "test")
 PARALLEL_SHARDS = 16
 RECORDS_PER_PARALLEL_SHARD = 100
-COMPRESSION_SUFFIX = {"none": "", "gzip": ".gz", "zlib": ".zz"}
 
 
 def split_of(key: str, seed: int, val_fraction: float, test_fraction: float) -> str:
@@ -86,12 +85,12 @@ class ShardSpec:
     split: str
     index: int
     count: int
-    suffix: str
+    compression: str
     pairs: tuple[Pair, ...]
 
     @property
     def file_name(self) -> str:
-        return f"{self.split}-{self.index:05d}-of-{self.count:05d}.tfrecord{self.suffix}"
+        return shard_file_name(self.split, self.index, self.count, self.compression)
 
 
 def plan_shards(
@@ -122,7 +121,7 @@ def plan_shards(
             split,
             index,
             counts[split],
-            COMPRESSION_SUFFIX[compression],
+            compression,
             tuple(by_split[split][start:end]),
         )
         for split in SPLITS

@@ -17,7 +17,7 @@ from tfshards.converters.planning import ShardSpec
 from tfshards.converters.validation import prepare_pair
 from tfshards.converters.writer import ShardWriter
 from tfshards.errors import PairError
-from tfshards.schemas.encodings import image_encoding, mask_encoding
+from tfshards.schemas.format import image_encoding, mask_encoding
 from tfshards.schemas.manifest import SkippedPair
 from tfshards.schemas.record import EncodedPair
 

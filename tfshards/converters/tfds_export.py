@@ -6,8 +6,9 @@ split: features ``key`` (text), ``image`` {``encoded``, ``format``, ``height``, 
 decoded by TFDS to uint8 pixels.
 
 TFDS can represent: uncompressed shards (it reads no gzip/zlib TFRecords), records of one
-size, and images encoded keep/png/jpeg (a TFDS Image) or raw with raw masks (a TFDS
-Tensor stored as bytes). Anything else is refused with the reason.
+size, and images encoded keep/png/jpeg (a TFDS Image) or raw/deflate with masks in the
+same encoding (a TFDS Tensor stored as bytes or ZLIB). Anything else is refused with the
+reason.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tfshards.schemas.manifest import Manifest
 
 TFDS_FILE_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
 TFDS_FILES = ("dataset_info.json", "features.json")
+# tfshards encodings that TFDS reads as a Tensor feature, by the name of its tensor encoding.
+_TENSOR_ENCODINGS = {"raw": "BYTES", "deflate": "ZLIB"}
 
 
 def tfds_problems(manifest: Manifest) -> list[str]:
@@ -34,10 +37,12 @@ def tfds_problems(manifest: Manifest) -> list[str]:
         problems.append(
             "records differ in size; TFDS features need one shape (convert with --resize HxW)"
         )
-    image_raw = manifest.image["encoding"] == "raw"
-    mask_raw = manifest.mask["encoding"] == "raw"
-    if image_raw != mask_raw:
-        problems.append("images and masks must both be raw or both be PNG/JPEG for TFDS")
+    image, mask = manifest.image["encoding"], manifest.mask["encoding"]
+    if (image in _TENSOR_ENCODINGS or mask in _TENSOR_ENCODINGS) and image != mask:
+        problems.append(
+            f"images ({image}) and masks ({mask}) must share a raw or deflate encoding, or "
+            "both be PNG/JPEG, for TFDS"
+        )
     return problems
 
 
@@ -81,12 +86,14 @@ def _features(tfds, manifest: Manifest):
     import numpy as np
 
     height, width, channels = manifest.image_shape
-    raw = manifest.image["encoding"] == "raw"
+    tensor_encoding = _TENSOR_ENCODINGS.get(manifest.image["encoding"])
 
     def pixels(depth: int):
-        if raw:
+        if tensor_encoding is not None:
             return tfds.features.Tensor(
-                shape=(height, width, depth), dtype=np.uint8, encoding=tfds.features.Encoding.BYTES
+                shape=(height, width, depth),
+                dtype=np.uint8,
+                encoding=getattr(tfds.features.Encoding, tensor_encoding),
             )
         return tfds.features.Image(shape=(height, width, depth))
 

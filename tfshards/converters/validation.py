@@ -24,7 +24,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.errors import PairError
-from tfshards.schemas.encodings import SourceFile
+from tfshards.schemas.format import SourceFile
 
 _EXIF_ORIENTATION = 0x0112
 _GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import zlib
 from pathlib import Path
 from types import TracebackType
 
+from tfshards.schemas.format import compression as compression_named
+from tfshards.schemas.format import index_path, temporary_path
 from tfshards.schemas.tfrecord import frame_record
 
-TMP_SUFFIX = ".tmp"
-INDEX_SUFFIX = ".idx"
-_ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "zlib": zlib.MAX_WBITS}
 _BUFFER_BYTES = 4 * 2**20
 
 
@@ -32,17 +30,13 @@ class ShardWriter:
         self, path: Path, *, compression: str = "none", level: int = 6, index: bool = False
     ) -> None:
         self.path = Path(path)
-        self.tmp_path = self.path.with_name(f".{self.path.name}{TMP_SUFFIX}")
+        self.tmp_path = temporary_path(self.path)
         self.records = 0
         self.bytes = 0
         self._sha256 = hashlib.sha256()
-        self._compressor = (
-            zlib.compressobj(level, zlib.DEFLATED, _ZLIB_WBITS[compression])
-            if compression != "none"
-            else None
-        )
+        self._compressor = compression_named(compression).compressor(level)
         # "<offset> <length>" per record, for DALI and the tfrecord package (uncompressed only).
-        self.index_path = self.path.with_name(self.path.name + INDEX_SUFFIX) if index else None
+        self.index_path = index_path(self.path) if index else None
         self._index_lines: list[str] = []
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -100,7 +94,7 @@ class ShardWriter:
         """The index goes first: a complete shard never lacks the index asked for."""
         if self.index_path is None:
             return
-        tmp = self.index_path.with_name(f".{self.index_path.name}{TMP_SUFFIX}")
+        tmp = temporary_path(self.index_path)
         tmp.write_text("".join(self._index_lines))
         os.replace(tmp, self.index_path)
 

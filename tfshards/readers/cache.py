@@ -2,19 +2,27 @@
 
 Layout::
 
-    <cache root>/<fingerprint>/info.json      what the entry holds (split, size, dataset)
-    <cache root>/<fingerprint>/snapshot/...   a tf.data snapshot of (image, mask) uint8
+    <cache root>/<fingerprint>/info.json             what the entry holds (split, shape, ...)
+    <cache root>/<fingerprint>/ready/part-K.image    images of records K, K+P, K+2P, ...
+    <cache root>/<fingerprint>/ready/part-K.mask     their masks, in the same order
+    <cache root>/<fingerprint>/.building-<host>-<pid>-<token>/   a build in progress
+
+Each part file is a plain array of fixed-size uint8 records (height x width x
+channels, row-major; masks with one channel), read back with
+``tf.data.FixedLengthRecordDataset``: no framing, no parsing, no decoding, so
+a cached epoch reads at the speed of the disk or page cache.
 
 The fingerprint hashes the shard files' sha256s (so changed data gets a new
 entry) and every option that changes what is cached (split, input pipeline,
-image size, channels, dtype, cache format), so a stale entry is never read.
+image size, channels, cache format), so a stale entry is never read.
 
-The entry is written by ``tf.data.Dataset.snapshot`` while the first epoch
-streams. A snapshot counts only once its metadata says it was finalized,
-which happens when a pass reached the end: a pass stopped early, a crash or
-``kill -9`` leave an unfinalized run that the next reader ignores and
-rewrites, with no lockfile to trip over. Processes started together may each
-write a run; the one finalized last is the one read; neither fails.
+The entry is built while the first epoch streams: each decoded pair is
+appended to a part file of a private ``.building-*`` folder, which is
+fsynced and renamed to ``ready`` when the pass has written every record. A
+pass stopped early, a crash or ``kill -9`` leave a building folder that
+nobody reads (removed when its process is gone), with no lockfile to trip
+over. Processes started together may each build one; the first rename wins
+and the others discard theirs.
 """
 
 from __future__ import annotations
@@ -24,18 +32,22 @@ import json
 import logging
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import tensorflow as tf
-
 from tfshards.errors import TfshardsError
 from tfshards.readers.shards import SplitShards
+from tfshards.schemas.format import CACHE_DIR_NAME
 
-CACHE_FORMAT = 1
-CACHE_DIR_NAME = ".tfshards-cache"
-SNAPSHOT_DIR = "snapshot"
+CACHE_FORMAT = 2
 INFO_FILE = "info.json"
+READY_DIR = "ready"
+BUILDING_PREFIX = ".building-"
+# Part files read at once; also the parallelism of a cached epoch's reads.
+CACHE_PARTS = 4
+# Read-ahead per part file: 1 MiB read 1.5x faster than TF's 256 KiB default here.
+READ_BUFFER_BYTES = 2**20
 log = logging.getLogger("tfshards")
 
 
@@ -49,6 +61,43 @@ class CacheEntry:
     state: str  # "ready" or "incomplete"
     bytes: int
     info: dict
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Where one entry's files are, and the byte size of its records."""
+
+    entry: Path
+    shape: tuple[int, int, int]
+    records: int
+
+    @property
+    def ready(self) -> Path:
+        return self.entry / READY_DIR
+
+    @property
+    def image_bytes(self) -> int:
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    @property
+    def mask_bytes(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def part(self, folder: Path, index: int, what: str) -> Path:
+        return folder / f"part-{index:05d}.{what}"
+
+    def expected_sizes(self, index: int) -> tuple[int, int]:
+        count = len(range(index, self.records, CACHE_PARTS))
+        return count * self.image_bytes, count * self.mask_bytes
+
+    def is_ready(self) -> bool:
+        """True when the ready folder holds every part at its full size."""
+        for index in range(CACHE_PARTS):
+            for what, size in zip(("image", "mask"), self.expected_sizes(index), strict=True):
+                path = self.part(self.ready, index, what)
+                if not path.is_file() or path.stat().st_size != size:
+                    return False
+        return True
 
 
 def cache_fingerprint(
@@ -75,13 +124,17 @@ def default_cache_root(dataset: Path) -> Path:
     return base / hashlib.sha256(str(dataset.resolve()).encode()).hexdigest()[:16]
 
 
-def prepare_entry(root: Path, fingerprint: str, info: dict, needed_bytes: int) -> Path:
-    """The entry's folder; refuse if building it would not fit on disk."""
-    entry = root / fingerprint
-    if finalized_snapshot(entry) is not None:
+def prepare_entry(layout: CacheLayout, info: dict, needed_bytes: int) -> None:
+    """Make the entry's folder; refuse if building it would not fit on disk."""
+    entry = layout.entry
+    if layout.is_ready():
         log.info("reading the disk cache %s (no decoding)", entry)
-        return entry
+        return
+    if layout.ready.exists():
+        log.warning("%s: incomplete or damaged cache files; rebuilding them", layout.ready)
+        shutil.rmtree(layout.ready, ignore_errors=True)
     entry.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(entry)
     free = shutil.disk_usage(entry).free
     if free < needed_bytes:
         raise CacheSpaceError(
@@ -91,32 +144,30 @@ def prepare_entry(root: Path, fingerprint: str, info: dict, needed_bytes: int) -
         )
     (entry / INFO_FILE).write_text(json.dumps(info, indent=2))
     log.info("building the disk cache in %s while the first epoch streams", entry)
-    return entry
 
 
-def finalized_snapshot(entry: Path) -> Path | None:
-    """The newest snapshot under the entry whose writer reached the end of a pass.
+def _remove_abandoned_builds(entry: Path) -> None:
+    """Building folders of processes on this host that no longer run."""
+    host = socket.gethostname()
+    for folder in entry.glob(f"{BUILDING_PREFIX}*"):
+        parts = folder.name[len(BUILDING_PREFIX) :].rsplit("-", 2)
+        if len(parts) == 3 and parts[0] == host and not _process_alive(int(parts[1])):
+            shutil.rmtree(folder, ignore_errors=True)
 
-    tf.data names each snapshot folder by a hash of the writing pipeline's
-    graph, which is not stable across processes, so readers look for any
-    finalized one instead of recomputing that hash.
-    """
-    from tensorflow.core.protobuf import snapshot_pb2  # noqa: PLC0415 - TF-internal proto
 
-    newest, newest_time = None, -1
-    for metadata in (entry / SNAPSHOT_DIR).glob("*/snapshot.metadata"):
-        try:
-            record = snapshot_pb2.SnapshotMetadataRecord.FromString(metadata.read_bytes())
-        except Exception:  # noqa: BLE001 - a half-written metadata file is not finalized
-            continue
-        if record.finalized and record.creation_timestamp > newest_time:
-            newest, newest_time = metadata.parent, record.creation_timestamp
-    return newest
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def entry_state(entry: Path) -> str:
-    """'ready' when a finalized snapshot exists, else 'incomplete'."""
-    return "ready" if finalized_snapshot(entry) is not None else "incomplete"
+    """'ready' when a published ready folder exists, else 'incomplete'."""
+    return "ready" if (entry / READY_DIR).is_dir() else "incomplete"
 
 
 def list_caches(root: str | os.PathLike) -> list[CacheEntry]:
@@ -144,68 +195,3 @@ def clear_caches(root: str | os.PathLike) -> int:
 
 def _cache_root_of(path: Path) -> Path:
     return path / CACHE_DIR_NAME if (path / CACHE_DIR_NAME).is_dir() else path
-
-
-def cached_pairs(
-    pairs: tf.data.Dataset,
-    cache,
-    shards: SplitShards,
-    shape: tuple[int, int, int],
-    pipeline: tuple[int, int],
-) -> tf.data.Dataset:
-    """Pairs through the cache asked for: none, memory, or a disk entry (built or read)."""
-    if cache in (None, False):
-        return pairs
-    if cache == "memory":
-        return pairs.cache()
-    dataset = Path(shards.paths[0]).parent
-    root = default_cache_root(dataset) if cache is True else Path(cache)
-    fingerprint = cache_fingerprint(shards, shape, pipeline)
-    height, width, channels = shape
-    info = {
-        "dataset": str(dataset),
-        "split": shards.split,
-        "shape": list(shape),
-        "pipeline": list(pipeline),
-        "records": shards.records,
-    }
-    needed = int(shards.records * height * width * (channels + 1) * 1.05) + 2**20
-    entry = prepare_entry(root, fingerprint, info, needed)
-    ready = finalized_snapshot(entry)
-    if ready is not None:
-        indexed = tf.data.Dataset.load(
-            str(ready),
-            element_spec=(tf.TensorSpec([], tf.int64), pairs.element_spec),
-            reader_func=_read_in_order,
-        )
-    else:
-        indexed = pairs.enumerate().snapshot(
-            str(entry / SNAPSHOT_DIR),
-            compression=None,
-            shard_func=_cache_file_of,
-            reader_func=_read_in_order,
-        )
-    return indexed.map(_drop_index)
-
-
-# The cache is written round-robin into CACHE_FILES files and read back round-robin,
-# in parallel, which yields the elements in the order they were written.
-CACHE_FILES = 4
-
-
-def _cache_file_of(index: tf.Tensor, pair) -> tf.Tensor:
-    return index % CACHE_FILES
-
-
-def _read_in_order(files: tf.data.Dataset) -> tf.data.Dataset:
-    return files.interleave(
-        lambda file: file,
-        cycle_length=CACHE_FILES,
-        block_length=1,
-        num_parallel_calls=CACHE_FILES,
-        deterministic=True,
-    )
-
-
-def _drop_index(index: tf.Tensor, pair):
-    return pair

@@ -1,89 +1,117 @@
 """Parsing and decoding records into uint8 (image, mask) pairs, and finishing them.
 
-The decoders follow the manifest: raw pixels of one size are decoded a whole
-batch at a time; PNG/JPEG (or mixed sizes) one record at a time, in parallel.
+The decoders come from the format registry (``schemas/format.py``): raw and
+deflate records of one size are decoded a whole batch at a time; PNG/JPEG
+(or records to resize) one record at a time, in parallel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import tensorflow as tf
 
 from tfshards.readers.shards import SplitShards
-from tfshards.schemas.record import tf_decode_pixels, tf_feature_spec
+from tfshards.schemas.format import Encoding, image_encoding, mask_encoding
+from tfshards.schemas.record import tf_feature_spec
 
 AUTOTUNE = tf.data.AUTOTUNE
 Augment = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
+_PIXELS = ("image/encoded", "mask/encoded")
+_SIZE = ("image/height", "image/width")
+
+
+@dataclass(frozen=True)
+class PairDecoder:
+    """Serialized records -> uint8 (image, mask) of ``shape``, following the manifest."""
+
+    shape: tuple[int, int, int]
+    stored: tuple[int, int, int] | None
+    image: Encoding
+    mask: Encoding
+
+    @property
+    def whole_batches(self) -> bool:
+        """True when a batch of records decodes with one op per field, no per-record work."""
+        return self.image.batchable and self.mask.batchable and self.stored == self.shape
+
+    def decode_batch(self, serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """[B] serialized records of ``shape`` -> uint8 [B, H, W, C] and [B, H, W, 1]."""
+        features = tf.io.parse_example(serialized, _spec(_PIXELS))
+        height, width, channels = self.shape
+        image = self.image.tf_decode(features["image/encoded"], height, width, channels)
+        mask = self.mask.tf_decode(features["mask/encoded"], height, width, 1)
+        return image, mask
+
+    def decode_one(self, features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+        """One parsed record -> uint8 pair, resized to ``shape`` when it differs."""
+        height, width, channels = self.shape
+        h, w = features["image/height"], features["image/width"]
+        image = self.image.tf_decode(features["image/encoded"], h, w, channels)
+        mask = self.mask.tf_decode(features["mask/encoded"], h, w, 1)
+        if self.stored is None or self.stored[:2] != (height, width):
+            image = tf.image.resize(image, (height, width), method="bilinear", antialias=True)
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+            mask = tf.image.resize(mask, (height, width), method="nearest")
+        return tf.ensure_shape(image, self.shape), tf.ensure_shape(mask, (height, width, 1))
+
+
+def pair_decoder(shards: SplitShards, shape: tuple[int, int, int]) -> PairDecoder:
+    manifest = shards.manifest
+    return PairDecoder(
+        shape,
+        manifest.image_shape,
+        image_encoding(manifest.image["encoding"]),
+        mask_encoding(manifest.mask["encoding"]),
+    )
+
+
+def decoded_batches(
+    records: tf.data.Dataset,
+    decoder: PairDecoder,
+    *,
+    batch_size: int,
+    drop_remainder: bool,
+    deterministic: bool,
+) -> tf.data.Dataset:
+    """Serialized records (whole_batches only) -> uint8 batches, one decode op per batch."""
+    return records.batch(batch_size, drop_remainder=drop_remainder).map(
+        decoder.decode_batch, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    )
 
 
 def decoded_pairs(
     records: tf.data.Dataset,
-    shards: SplitShards,
-    shape: tuple[int, int, int],
+    decoder: PairDecoder,
     parse_batch_size: int,
     *,
     deterministic: bool,
 ) -> tf.data.Dataset:
-    spec = tf_feature_spec()
-    raw_image = shards.manifest.image["encoding"] == "raw"
-    raw_mask = shards.manifest.mask["encoding"] == "raw"
-    height, width, channels = shape
-    stored = shards.manifest.image_shape
+    """Serialized records -> uint8 pairs, in record order when ``deterministic``."""
+    if decoder.whole_batches:
+        return decoded_batches(
+            records,
+            decoder,
+            batch_size=parse_batch_size,
+            drop_remainder=False,
+            deterministic=deterministic,
+        ).unbatch()
 
     def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-        return tf.io.parse_example(serialized, spec)
-
-    def decode(features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        h, w = features["image/height"], features["image/width"]
-        image = tf_decode_pixels(features["image/encoded"], h, w, channels, raw=raw_image)
-        mask = tf_decode_pixels(features["mask/encoded"], h, w, 1, raw=raw_mask)
-        if stored is None or stored[:2] != (height, width):
-            image = tf.image.resize(image, (height, width), method="bilinear", antialias=True)
-            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-            mask = tf.image.resize(mask, (height, width), method="nearest")
-        return tf.ensure_shape(image, shape), tf.ensure_shape(mask, (height, width, 1))
+        return tf.io.parse_example(serialized, _spec(_PIXELS + _SIZE))
 
     parsed = records.batch(parse_batch_size).map(
         parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic
     )
-    if raw_same_size(shards, shape):
-        return parsed.map(
-            raw_decoder(shape), num_parallel_calls=AUTOTUNE, deterministic=deterministic
-        ).unbatch()
-    return parsed.unbatch().map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-
-
-def raw_same_size(shards: SplitShards, shape: tuple[int, int, int]) -> bool:
-    manifest = shards.manifest
-    return (
-        manifest.image["encoding"] == "raw"
-        and manifest.mask["encoding"] == "raw"
-        and manifest.image_shape == shape
+    return parsed.unbatch().map(
+        decoder.decode_one, num_parallel_calls=AUTOTUNE, deterministic=deterministic
     )
 
 
-def raw_decoder(shape: tuple[int, int, int]):
-    """Parsed features of a batch of same-size raw records -> uint8 image and mask batches."""
-    height, width, _ = shape
-
-    def decode(features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        image = tf.io.decode_raw(features["image/encoded"], tf.uint8)
-        mask = tf.io.decode_raw(features["mask/encoded"], tf.uint8)
-        return tf.reshape(image, (-1, *shape)), tf.reshape(mask, (-1, height, width, 1))
-
-    return decode
-
-
-def raw_batch_decoder(shape: tuple[int, int, int]):
-    """Serialized same-size raw records -> uint8 image and mask batches."""
+def _spec(names: tuple[str, ...]) -> dict:
     spec = tf_feature_spec()
-    decode = raw_decoder(shape)
-
-    def parse_and_decode(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        return decode(tf.io.parse_example(serialized, spec))
-
-    return parse_and_decode
+    return {name: spec[name] for name in names}
 
 
 def finisher(
@@ -94,7 +122,7 @@ def finisher(
 
     def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         if image_dtype == "float32":
-            image = tf.cast(image, tf.float32) / 255.0
+            image = to_float_image(image)
         mask = tf.cast(mask, tf.int32)
         if augment is not None:
             image, mask = augment(image, mask)
@@ -103,6 +131,11 @@ def finisher(
         return image, mask
 
     return finish
+
+
+def to_float_image(image: tf.Tensor) -> tf.Tensor:
+    """uint8 -> float32 in [0, 1]; a multiply is cheaper than a divide per pixel."""
+    return tf.cast(image, tf.float32) * (1.0 / 255.0)
 
 
 def _num_classes(shards: SplitShards) -> int:

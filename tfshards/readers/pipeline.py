@@ -1,10 +1,13 @@
-"""`tfshards.read`: a tf.data pipeline over the shards of one split.
+"""`tfshards.read`: a tf.data pipeline over the shards of one split, as a chain of stages.
 
-manifest -> shard files -> [shuffle files] -> interleave(TFRecordDataset)
-  -> batched parse -> parallel decode -> resize -> [cache] -> [shuffle]
-  -> to float / augment / one-hot -> batch -> cardinality -> [repeat] -> prefetch
+    open files -> records -> [shuffle records] -> decode -> [cache] -> [shuffle pairs]
+      -> batch -> finish (dtype, augment, one-hot) -> cardinality, repeat, prefetch
 
-Each arrow is one small function below.
+Streaming (no cache) shuffles the small serialized records and, for raw or deflate
+records of one size, decodes whole batches. With a cache, pairs are decoded in
+record order, cached (memory, or the disk cache: ``cache_stage.py``), then shuffled.
+The ordering decisions (file shuffle, cycle length, determinism) are made once,
+in :func:`ordering`; the ``cache`` argument becomes a :class:`CachePlan` once.
 """
 
 from __future__ import annotations
@@ -12,21 +15,31 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
-from tfshards.readers.cache import cached_pairs
+from tfshards.readers.cache import (
+    CacheLayout,
+    cache_fingerprint,
+    default_cache_root,
+    prepare_entry,
+)
+from tfshards.readers.cache_stage import disk_cached_pairs
 from tfshards.readers.decode import (
     Augment,
+    PairDecoder,
+    decoded_batches,
     decoded_pairs,
     finisher,
-    raw_batch_decoder,
-    raw_same_size,
+    pair_decoder,
 )
 from tfshards.readers.shards import SplitShards, split_shards
 
 AUTOTUNE = tf.data.AUTOTUNE
+# TFRecordDataset read-ahead per shard: 1 MiB read about 10% faster than TF's 256 KiB here.
+DEFAULT_READ_BUFFER = 2**20
 
 
 @dataclass(frozen=True)
@@ -34,12 +47,12 @@ class ReadOptions:
     """Pipeline knobs; the defaults follow from the shard count and record size.
 
     cycle_length: shards read at once (default: min(shards, 8); 1 when not shuffling
-        or when building a disk cache, so records come in the manifest's order).
+        or when building a cache, so records come in the manifest's order).
     block_length: consecutive records taken from one shard before moving on.
     parse_batch_size: records parsed per vectorized ``parse_example`` call.
     shuffle_buffer: records mixed by the shuffle buffer (default: as many as fit in
         about 256 MiB of uint8 pixels, at most 10,000).
-    read_buffer_bytes: TFRecordDataset read-ahead buffer per shard (default: TF's).
+    read_buffer_bytes: TFRecordDataset read-ahead buffer per shard (default 1 MiB).
     deterministic: element order independent of thread timing (default: True when
         not shuffling or when a seed is given).
     """
@@ -58,6 +71,54 @@ class ReadOptions:
                 raise OptionsError(f"{name} must be at least 1, got {value}")
         if self.block_length < 1 or self.parse_batch_size < 1:
             raise OptionsError("block_length and parse_batch_size must be at least 1")
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """What ``cache=`` asked for: kind "none", "memory" or "disk" (root None: the default)."""
+
+    kind: str
+    root: Path | None = None
+
+    @classmethod
+    def of(cls, cache: bool | str | os.PathLike | None) -> CachePlan:
+        if cache is None or cache is False:
+            return cls("none")
+        if cache is True:
+            return cls("disk")
+        if cache == "memory":
+            return cls("memory")
+        if isinstance(cache, str | os.PathLike):
+            return cls("disk", Path(cache))
+        raise OptionsError(f"cache must be None, True, 'memory' or a folder path; got {cache!r}")
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """How records are ordered: decided once per read() call."""
+
+    shuffle: bool  # records mixed every epoch
+    shuffle_files: bool  # shard order reshuffled every epoch
+    cycle_length: int  # shards read at once
+    deterministic: bool  # element order independent of thread timing
+
+
+def ordering(
+    shards: SplitShards, options: ReadOptions, *, shuffle: bool, seed: int | None, cached: bool
+) -> Ordering:
+    """A cache is built from records in the manifest's order, whoever builds it, so it
+    reads one shard at a time, in order; the shuffle comes after the cache."""
+    in_order = cached or not shuffle
+    deterministic = options.deterministic
+    if deterministic is None:
+        deterministic = not shuffle or seed is not None
+    cycle = options.cycle_length or (1 if in_order else min(len(shards.paths), 8))
+    return Ordering(
+        shuffle=shuffle,
+        shuffle_files=not in_order,
+        cycle_length=cycle,
+        deterministic=deterministic or cached,
+    )
 
 
 def read(
@@ -88,118 +149,161 @@ def read(
     keyed by the shards' hashes and the options, so it is rebuilt when either changes.
 
     >>> train = tfshards.read("shards/", split="train", batch_size=32,
-    ...                       image_size=(256, 256), cache=True, seed=0)  # doctest: +SKIP
+    ...                       cache=True, seed=0)  # doctest: +SKIP
     >>> model.fit(train, validation_data=tfshards.read("shards/", split="val"))  # doctest: +SKIP
     """
     options = options or ReadOptions()
-    _check_arguments(batch_size, image_dtype, cache, service)
+    plan = CachePlan.of(cache)
+    _check_arguments(batch_size, image_dtype, plan, service)
     shuffle = split == "train" if shuffle is None else shuffle
-    pipeline = (
-        (input_context.input_pipeline_id, input_context.num_input_pipelines)
-        if input_context is not None
-        else (0, 1)
-    )
+    pipeline = (0, 1)
     if input_context is not None:
+        pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
         batch_size = input_context.get_per_replica_batch_size(batch_size)
     shards = split_shards(path, split, pipeline=pipeline)
     shape = _target_shape(shards, image_size)
-    deterministic = options.deterministic
-    if deterministic is None:
-        deterministic = not shuffle or seed is not None
-    disk = cache not in (None, False, "memory") and service is None
-    # A disk cache must see the same element order in every process, so the
-    # files are not shuffled before it; shards are pre-shuffled at conversion.
-    shuffle_files = shuffle and not disk
-    files = _file_dataset(shards, shuffle=shuffle_files, seed=seed)
-    records = _records(
-        files,
-        shards,
-        options,
-        # A disk cache holds the manifest's order, whoever builds it: one shard at a time.
-        parallel=(shuffle and not disk) or options.cycle_length,
-        deterministic=deterministic or disk,
+    decoder = pair_decoder(shards, shape)
+    order = ordering(
+        shards, options, shuffle=shuffle, seed=seed, cached=plan.kind != "none" or bool(service)
     )
+    records = _records(_shard_files(shards, order, seed), shards, options, order)
+    batching = dict(batch_size=batch_size, drop_remainder=drop_remainder)
     finish = finisher(shards, image_dtype, augment, one_hot)
-    batching = dict(
-        batch_size=batch_size, drop_remainder=drop_remainder, deterministic=deterministic
-    )
-    if cache in (None, False) and service is None:
-        # Streaming: shuffle the small serialized records, not decoded pixels.
-        if shuffle:
-            records = records.shuffle(
-                _shuffle_buffer(shards, shape, options, serialized=True),
-                seed=seed,
-                reshuffle_each_iteration=True,
-            )
-        if raw_same_size(shards, shape) and augment is None:
-            # Raw pixels of one size: parse, decode and cast whole batches, no per-record op.
-            batches = (
-                records.batch(batch_size, drop_remainder=drop_remainder)
-                .map(
-                    raw_batch_decoder(shape),
-                    num_parallel_calls=AUTOTUNE,
-                    deterministic=deterministic,
-                )
-                .map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-            )
-        else:
-            pairs = decoded_pairs(
-                records, shards, shape, options.parse_batch_size, deterministic=deterministic
-            )
-            batches = _batched(pairs, finish, augment, **batching)
+    if plan.kind == "none" and service is None:
+        batches = _streamed(
+            records, decoder, shards, options, order, seed, finish, augment, **batching
+        )
     else:
         pairs = decoded_pairs(
-            records, shards, shape, options.parse_batch_size, deterministic=deterministic or disk
+            records, decoder, options.parse_batch_size, deterministic=order.deterministic
         )
-        if service is None:
-            pairs = cached_pairs(pairs, cache, shards, shape, pipeline)
-        else:
+        if service is not None:
             pairs = pairs.apply(
                 tf.data.experimental.service.distribute("distributed_epoch", service)
             )
+        else:
+            pairs = _cached(pairs, plan, shards, shape, pipeline, order, seed)
         if shuffle:
             pairs = pairs.shuffle(
                 _shuffle_buffer(shards, shape, options), seed=seed, reshuffle_each_iteration=True
             )
-        batches = _batched(pairs, finish, augment, **batching)
-    count = (
-        shards.records // batch_size if drop_remainder else math.ceil(shards.records / batch_size)
+        batches = _batched_pairs(pairs, finish, augment, order, **batching)
+    return _finished(batches, finish, augment, order, shards, repeat=repeat, **batching)
+
+
+def _streamed(
+    records: tf.data.Dataset,
+    decoder: PairDecoder,
+    shards: SplitShards,
+    options: ReadOptions,
+    order: Ordering,
+    seed: int | None,
+    finish,
+    augment: Augment | None,
+    *,
+    batch_size: int,
+    drop_remainder: bool,
+) -> tf.data.Dataset:
+    """Streaming: shuffle the small serialized records, not decoded pixels, then decode."""
+    if order.shuffle:
+        buffer = _shuffle_buffer(shards, decoder.shape, options, serialized=True)
+        records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    if decoder.whole_batches and augment is None:
+        return decoded_batches(
+            records,
+            decoder,
+            batch_size=batch_size,
+            drop_remainder=drop_remainder,
+            deterministic=order.deterministic,
+        )
+    pairs = decoded_pairs(
+        records, decoder, options.parse_batch_size, deterministic=order.deterministic
     )
+    return _batched_pairs(
+        pairs, finish, augment, order, batch_size=batch_size, drop_remainder=drop_remainder
+    )
+
+
+def _cached(
+    pairs: tf.data.Dataset,
+    plan: CachePlan,
+    shards: SplitShards,
+    shape: tuple[int, int, int],
+    pipeline: tuple[int, int],
+    order: Ordering,
+    seed: int | None,
+) -> tf.data.Dataset:
+    """Pairs through the cache asked for: memory, or a disk entry (built or read)."""
+    if plan.kind == "memory":
+        return pairs.cache()
+    dataset = Path(shards.paths[0]).parent
+    root = plan.root if plan.root is not None else default_cache_root(dataset)
+    layout = CacheLayout(root / cache_fingerprint(shards, shape, pipeline), shape, shards.records)
+    info = {
+        "dataset": str(dataset),
+        "split": shards.split,
+        "shape": list(shape),
+        "pipeline": list(pipeline),
+        "records": shards.records,
+    }
+    needed = int(shards.records * (layout.image_bytes + layout.mask_bytes) * 1.05) + 2**20
+    prepare_entry(layout, info, needed)
+    return disk_cached_pairs(pairs, layout, shuffle=order.shuffle, seed=seed)
+
+
+def _batched_pairs(
+    pairs: tf.data.Dataset,
+    finish,
+    augment: Augment | None,
+    order: Ordering,
+    *,
+    batch_size: int,
+    drop_remainder: bool,
+) -> tf.data.Dataset:
+    """Pairs -> batches; with augment, each pair is finished first, so random transforms
+    differ within a batch (without, the batch is finished by one vectorized op)."""
+    if augment is not None:
+        pairs = pairs.map(finish, num_parallel_calls=AUTOTUNE, deterministic=order.deterministic)
+    return pairs.batch(
+        batch_size,
+        drop_remainder=drop_remainder,
+        num_parallel_calls=AUTOTUNE,
+        deterministic=order.deterministic,
+    )
+
+
+def _finished(
+    batches: tf.data.Dataset,
+    finish,
+    augment: Augment | None,
+    order: Ordering,
+    shards: SplitShards,
+    *,
+    repeat: bool,
+    batch_size: int,
+    drop_remainder: bool,
+) -> tf.data.Dataset:
+    """Output dtypes (one vectorized cast per batch), known cardinality, repeat, prefetch."""
+    if augment is None:  # with augment, _batched_pairs finished each pair
+        batches = batches.map(
+            finish, num_parallel_calls=AUTOTUNE, deterministic=order.deterministic
+        )
+    records = shards.records
+    count = records // batch_size if drop_remainder else math.ceil(records / batch_size)
     batches = batches.apply(tf.data.experimental.assert_cardinality(count))
     if repeat:
         batches = batches.repeat()
     return batches.prefetch(AUTOTUNE)
 
 
-def _batched(
-    pairs: tf.data.Dataset,
-    finish,
-    augment: Augment | None,
-    *,
-    batch_size: int,
-    drop_remainder: bool,
-    deterministic: bool,
-) -> tf.data.Dataset:
-    """uint8 pairs -> finished batches; augment runs per example, else one cast per batch."""
-    if augment is not None:  # per example, so random transforms differ within a batch
-        pairs = pairs.map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    batches = pairs.batch(
-        batch_size,
-        drop_remainder=drop_remainder,
-        num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
-    )
-    if augment is None:  # one vectorized cast per batch: far cheaper than one per example
-        batches = batches.map(finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    return batches
-
-
-def _check_arguments(batch_size: int, image_dtype: str, cache, service: str | None) -> None:
+def _check_arguments(
+    batch_size: int, image_dtype: str, plan: CachePlan, service: str | None
+) -> None:
     if batch_size < 1:
         raise OptionsError(f"batch_size must be at least 1, got {batch_size}")
     if image_dtype not in ("float32", "uint8"):
         raise OptionsError(f"image_dtype must be 'float32' or 'uint8', got {image_dtype!r}")
-    if service is not None and cache not in (None, False):
+    if service is not None and plan.kind != "none":
         raise OptionsError(
             "cache and service cannot be combined: the tf.data service "
             "workers decode on other machines; pass cache=None"
@@ -221,36 +325,30 @@ def _target_shape(shards: SplitShards, image_size: tuple[int, int] | None) -> tu
     return stored
 
 
-def _file_dataset(shards: SplitShards, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
+def _shard_files(shards: SplitShards, order: Ordering, seed: int | None) -> tf.data.Dataset:
     files = tf.data.Dataset.from_tensor_slices(list(shards.paths))
-    if shuffle:
+    if order.shuffle_files:
         files = files.shuffle(len(shards.paths), seed=seed, reshuffle_each_iteration=True)
     return files
 
 
 def _records(
-    files: tf.data.Dataset,
-    shards: SplitShards,
-    options: ReadOptions,
-    *,
-    parallel,
-    deterministic: bool,
+    files: tf.data.Dataset, shards: SplitShards, options: ReadOptions, order: Ordering
 ) -> tf.data.Dataset:
-    cycle = options.cycle_length or (min(len(shards.paths), 8) if parallel else 1)
     compression = shards.compression_type
-    buffer = options.read_buffer_bytes
+    buffer = options.read_buffer_bytes or DEFAULT_READ_BUFFER
 
     def open_shard(path: tf.Tensor) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
 
-    if cycle == 1:
+    if order.cycle_length == 1:
         return files.interleave(open_shard, cycle_length=1, block_length=options.block_length)
     return files.interleave(
         open_shard,
-        cycle_length=cycle,
+        cycle_length=order.cycle_length,
         block_length=options.block_length,
         num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
+        deterministic=order.deterministic,
     )
 
 

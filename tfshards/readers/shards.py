@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfshards.errors import ManifestError
+from tfshards.schemas.format import COMPRESSIONS
 from tfshards.schemas.manifest import Manifest, ShardInfo
-
-TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class SplitShards:
 
     @property
     def compression_type(self) -> str:
-        return TF_COMPRESSION[self.manifest.compression["type"]]
+        return COMPRESSIONS[self.manifest.compression["type"]].tf_name
 
 
 def split_shards(

@@ -1,12 +1,13 @@
-"""The record schema, pixel encodings and manifest shared by writer and reader."""
+"""The record schema, the on-disk format and the manifest shared by writer and reader."""
 
-from tfshards.schemas.encodings import IMAGE_ENCODINGS, MASK_ENCODINGS
-from tfshards.schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo, SkippedPair, SplitInfo
+from tfshards.schemas.format import COMPRESSIONS, ENCODINGS, MANIFEST_NAME, MASK_ENCODINGS
+from tfshards.schemas.manifest import Manifest, ShardInfo, SkippedPair, SplitInfo
 from tfshards.schemas.record import FIELDS, SCHEMA_VERSION, EncodedPair
 
 __all__ = [
+    "COMPRESSIONS",
+    "ENCODINGS",
     "FIELDS",
-    "IMAGE_ENCODINGS",
     "MANIFEST_NAME",
     "MASK_ENCODINGS",
     "SCHEMA_VERSION",

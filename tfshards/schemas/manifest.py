@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from tfshards.errors import ManifestError
+from tfshards.schemas.format import MANIFEST_NAME, temporary_path
 from tfshards.schemas.record import SCHEMA_VERSION, schema_description
 
-MANIFEST_NAME = "tfshards.json"
 FORMAT_NAME = "tfshards"
 
 
@@ -95,7 +95,7 @@ class Manifest:
     def save(self, folder: Path) -> Path:
         """Write atomically: a reader sees the old manifest, no manifest, or this one."""
         path = Path(folder) / MANIFEST_NAME
-        tmp = path.with_name(f".{MANIFEST_NAME}.tmp")
+        tmp = temporary_path(path)
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(self.to_json())
             handle.flush()

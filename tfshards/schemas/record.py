@@ -8,17 +8,17 @@ name                type     meaning
 key                 bytes    the pair's key (UTF-8; the relative path without
                              extension, or the ``{key}`` of a name pattern)
 image/encoded       bytes    image pixels in ``image/format``
-image/format        bytes    ``png``, ``jpeg`` or ``raw`` (see encodings.py)
+image/format        bytes    ``png``, ``jpeg``, ``raw`` or ``deflate`` (see format.py)
 image/height        int64    height in pixels
 image/width         int64    width in pixels
 image/channels      int64    1 (grayscale), 3 (RGB) or 4 (RGBA)
 mask/encoded        bytes    class indices (uint8) in ``mask/format``
-mask/format         bytes    ``png`` or ``raw``
+mask/format         bytes    ``png``, ``raw`` or ``deflate``
 mask/channels       int64    always 1; mask height and width equal the image's
 ==================  =======  ==================================================
 
 The writer builds records with :func:`encode_record`; the reader parses them
-with :func:`tf_feature_spec` and decodes with :func:`tf_decode_pixels`.
+with :func:`tf_feature_spec`; ``format.py`` decodes the pixels.
 """
 
 from __future__ import annotations
@@ -90,18 +90,3 @@ def tf_feature_spec() -> dict:
 
     dtypes = {"bytes": tf.string, "int64": tf.int64}
     return {field.name: tf.io.FixedLenFeature([], dtypes[field.kind]) for field in FIELDS}
-
-
-def tf_decode_pixels(encoded, height, width, channels: int, *, raw: bool):
-    """Decode one record's image or mask bytes to a uint8 [height, width, channels] tensor.
-
-    ``raw`` is known per dataset from the manifest's encoding, so the graph holds
-    one decoder; PNG and JPEG (mixed under ``keep``) share ``decode_image``.
-    """
-    import tensorflow as tf
-
-    if raw:
-        pixels = tf.io.decode_raw(encoded, tf.uint8)
-        return tf.reshape(pixels, tf.stack([height, width, channels]))
-    pixels = tf.io.decode_image(encoded, channels=channels, dtype=tf.uint8, expand_animations=False)
-    return tf.ensure_shape(pixels, [None, None, channels])

@@ -1,0 +1,159 @@
+"""The disk cache as a tf.data stage: build it during the first pass, read it afterwards.
+
+Each pass (epoch) decides once, when it starts, whether the entry is ready:
+ready, it reads the part files with ``FixedLengthRecordDataset`` (no parsing,
+no decoding); not ready, it streams the decoded pairs through and appends
+them to a private building folder, published when the pass is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import tensorflow as tf
+
+from tfshards.readers.cache import (
+    BUILDING_PREFIX,
+    CACHE_PARTS,
+    READ_BUFFER_BYTES,
+    CacheLayout,
+)
+
+_FILE_BUFFER = 2**20
+log = logging.getLogger("tfshards")
+
+
+class CacheBuilder:
+    """Writes the pairs of one pass in record order; publishes the entry when it is whole.
+
+    ``write`` is called through ``tf.py_function`` with each pair's index. Index 0
+    starts a new build (abandoning an unfinished one); an index out of sequence (an
+    interrupted pass) abandons the build; the last index publishes it.
+    """
+
+    def __init__(self, layout: CacheLayout) -> None:
+        self.layout = layout
+        self._lock = threading.Lock()
+        self._folder: Path | None = None
+        self._files: list = []
+        self._next = 0
+
+    def write(self, index, image, mask) -> bool:
+        index = int(index)
+        with self._lock:
+            if index == 0:
+                self._abandon()
+                self._start()
+            elif self._folder is None or index != self._next:
+                self._abandon()
+                return False
+            image_file, mask_file = self._files[index % CACHE_PARTS]
+            image_file.write(image.numpy().data)
+            mask_file.write(mask.numpy().data)
+            self._next = index + 1
+            if self._next == self.layout.records:
+                self._publish()
+        return True
+
+    def _start(self) -> None:
+        name = f"{BUILDING_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._folder = self.layout.entry / name
+        self._folder.mkdir(parents=True)
+        self._files = [
+            tuple(
+                open(self.layout.part(self._folder, k, what), "wb", buffering=_FILE_BUFFER)  # noqa: SIM115
+                for what in ("image", "mask")
+            )
+            for k in range(CACHE_PARTS)
+        ]
+        self._next = 0
+
+    def _close(self, *, sync: bool) -> None:
+        for handle in (h for pair in self._files for h in pair):
+            if sync:
+                handle.flush()
+                os.fsync(handle.fileno())
+            handle.close()
+        self._files = []
+
+    def _abandon(self) -> None:
+        if self._folder is not None:
+            self._close(sync=False)
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def _publish(self) -> None:
+        self._close(sync=True)
+        folder, self._folder = self._folder, None
+        try:
+            os.rename(folder, self.layout.ready)
+        except OSError:  # another process published first: its entry holds the same pairs
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        log.info("disk cache ready: %s", self.layout.ready)
+
+
+def disk_cached_pairs(
+    pairs: tf.data.Dataset, layout: CacheLayout, *, shuffle: bool, seed: int | None
+) -> tf.data.Dataset:
+    """uint8 pairs in record order -> the same pairs, from the cache once it is built.
+
+    With ``shuffle`` a cached pass reads the part files in a new order each epoch.
+    """
+    builder = CacheBuilder(layout)
+
+    def build_pass() -> tf.data.Dataset:
+        def write(index, pair):
+            image, mask = pair
+            written = tf.py_function(builder.write, [index, image, mask], Tout=tf.bool)
+            with tf.control_dependencies([written]):
+                return tf.identity(image), tf.identity(mask)
+
+        return pairs.enumerate().map(write)  # sequential: records reach the writer in order
+
+    def one_pass(_) -> tf.data.Dataset:
+        ready = tf.py_function(layout.is_ready, [], Tout=tf.bool)
+        return tf.cond(ready, lambda: read_parts(layout, shuffle=shuffle, seed=seed), build_pass)
+
+    return tf.data.Dataset.range(1).flat_map(one_pass)
+
+
+def read_parts(layout: CacheLayout, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
+    """The published part files as uint8 pairs; in record order unless ``shuffle``."""
+    height, width, channels = layout.shape
+    parts = tf.data.Dataset.from_tensor_slices(
+        (
+            [str(layout.part(layout.ready, k, "image")) for k in range(CACHE_PARTS)],
+            [str(layout.part(layout.ready, k, "mask")) for k in range(CACHE_PARTS)],
+        )
+    )
+    if shuffle:
+        parts = parts.shuffle(CACHE_PARTS, seed=seed, reshuffle_each_iteration=True)
+
+    def part_pairs(image_file: tf.Tensor, mask_file: tf.Tensor) -> tf.data.Dataset:
+        images = tf.data.FixedLengthRecordDataset(
+            image_file, layout.image_bytes, buffer_size=READ_BUFFER_BYTES
+        )
+        masks = tf.data.FixedLengthRecordDataset(
+            mask_file, layout.mask_bytes, buffer_size=READ_BUFFER_BYTES
+        )
+        return tf.data.Dataset.zip((images, masks)).map(
+            lambda image, mask: (
+                tf.reshape(tf.io.decode_raw(image, tf.uint8), (height, width, channels)),
+                tf.reshape(tf.io.decode_raw(mask, tf.uint8), (height, width, 1)),
+            )
+        )
+
+    return parts.interleave(
+        part_pairs,
+        cycle_length=CACHE_PARTS,
+        block_length=1,
+        num_parallel_calls=CACHE_PARTS,
+        deterministic=not shuffle or seed is not None,
+    )
