@@ -203,11 +203,9 @@ def row(name: str, results: list[tuple[float, float]], hand: float) -> dict:
 
 
 def target_rows(by_name: dict[str, dict]) -> list[dict]:
-    """The targets of issue 11, each as measured value / reference."""
-
-    def ratio(name: str, reference: str) -> float:
-        return by_name[name]["pairs_per_s"] / by_name[reference]["pairs_per_s"]
-
+    """The targets of issue 11: the wall-time ratio (the target as stated) and the same
+    ratio in CPU time per pair (reference CPU / ours), which noise on a shared machine
+    moves far less."""
     checks = [
         ("warm uint8 >= 2x hand-written disk-cached epoch", "warm_uint8", "hand_disk_cached", 2.0),
         ("warm float32 >= 90% of cache read+cast", "warm_float32", "bound_cache_float32", 0.9),
@@ -224,14 +222,16 @@ def target_rows(by_name: dict[str, dict]) -> list[dict]:
     ]  # fmt: skip
     rows = []
     for text, name, reference, target in checks:
-        value = ratio(name, reference)
+        ours, theirs = by_name[name], by_name[reference]
+        wall = ours["pairs_per_s"] / theirs["pairs_per_s"]
+        cpu = theirs["cpu_ms_per_pair"] / ours["cpu_ms_per_pair"]
         rows.append(
             {
                 "target": text,
-                "measured": round(value, 2),
-                "cpu_ms_per_pair": f"{by_name[name]['cpu_ms_per_pair']} vs "
-                f"{by_name[reference]['cpu_ms_per_pair']}",
-                "met": "yes" if value >= target else "no",
+                "wall_ratio": round(wall, 2),
+                "met_wall": "yes" if wall >= target else "no",
+                "cpu_ratio": round(cpu, 2),
+                "met_cpu": "yes" if cpu >= target else "no",
             }
         )
     return rows

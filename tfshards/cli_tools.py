@@ -145,7 +145,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work", help="scratch folder for shards (default: a temporary folder)")
     p.add_argument("--report", default="bench", help="output folder (default ./bench)")
     p.add_argument("--shards", default="1,4,16,64", help="shard counts (default 1,4,16,64)")
-    p.add_argument("--encodings", default="keep,raw", help="image encodings (default keep,raw)")
+    p.add_argument(
+        "--encodings",
+        default="deflate,keep,raw",
+        help="image encodings (default deflate,keep,raw)",
+    )
     p.add_argument("--compression", default="none,gzip", help="compressions (default none,gzip)")
     p.add_argument("--cycle-lengths", default="1,4,16", help="interleave cycle lengths")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per point (default 3)")
@@ -158,7 +162,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a small grid (2 shard counts, keep+raw, no compression, cycle 1 and "
+        help="a small grid (2 shard counts, deflate+raw, no compression, cycle 1 and "
         "4, 1 repeat; with --synthetic, at most 300 pairs of 64x64)",
     )
     p.set_defaults(run=_run_bench)

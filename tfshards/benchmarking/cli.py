@@ -56,7 +56,7 @@ def _config(args: argparse.Namespace, images: Path, masks: Path, work: Path) -> 
             masks,
             work,
             shards=(1, 4),
-            encodings=("keep", "raw"),
+            encodings=("deflate", "raw"),
             compressions=("none",),
             cycle_lengths=(1, 4),
             repeats=1,

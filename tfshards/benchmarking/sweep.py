@@ -16,7 +16,13 @@ from typing import Any
 from PIL import Image
 
 from tfshards.benchmarking.baselines import ceiling_pipeline, keras_pipeline, list_files_pipeline
-from tfshards.benchmarking.measure import PeakRss, drop_page_cache, median_and_spread, timed_pass
+from tfshards.benchmarking.measure import (
+    PeakRss,
+    drop_page_cache,
+    median_and_spread,
+    timed_pass,
+    timed_pass_cpu,
+)
 from tfshards.errors import OptionsError
 
 log = logging.getLogger("tfshards")
@@ -29,7 +35,7 @@ class SweepConfig:
     masks: Path
     work: Path
     shards: tuple[int, ...] = (1, 4, 16, 64)
-    encodings: tuple[str, ...] = ("keep", "raw")
+    encodings: tuple[str, ...] = ("deflate", "keep", "raw")
     compressions: tuple[str, ...] = ("none", "gzip")
     cycle_lengths: tuple[int, ...] = (1, 4, 16)
     repeats: int = 3
@@ -235,23 +241,25 @@ def _read_point(
         for _ in range(config.repeats):
             if dropped:
                 drop_page_cache()
-            cold.append(_rate(stream))
+            cold.append(_rate_and_cpu(stream))
         cached = tfshards.read(
             out, batch_size=BATCH, seed=0, options=options, cache=config.work / "cache"
         )
         _rate(cached)  # builds the cache
-        warm = [_rate(cached) for _ in range(config.repeats)]
+        warm = [_rate_and_cpu(cached) for _ in range(config.repeats)]
     tfshards.clear_caches(config.work / "cache")
-    cold_rate, cold_spread = median_and_spread(cold)
-    warm_rate, warm_spread = median_and_spread(warm)
+    cold_rate, cold_spread = median_and_spread([rate for rate, _ in cold])
+    warm_rate, warm_spread = median_and_spread([rate for rate, _ in warm])
     keras = result.baselines["keras_first_epoch"]
     return dict(
         row,
         cold_pairs_per_s=round(cold_rate, 1),
         cold_spread=round(cold_spread, 3),
         cold_mb_per_s=round(cold_rate * row["bytes"] / result.pairs / 1e6, 1),
+        cold_cpu_ms_per_pair=round(median_and_spread([cpu for _, cpu in cold])[0], 3),
         warm_pairs_per_s=round(warm_rate, 1),
         warm_spread=round(warm_spread, 3),
+        warm_cpu_ms_per_pair=round(median_and_spread([cpu for _, cpu in warm])[0], 3),
         peak_rss_mib=round(rss.peak_mib, 1),
         cold_vs_keras=round(cold_rate / keras, 2),
         warm_vs_keras_cached=round(warm_rate / result.baselines["keras_disk_cached"], 2),
@@ -262,6 +270,12 @@ def _read_point(
 def _rate(dataset) -> float:
     count, seconds = timed_pass(dataset)
     return count / seconds
+
+
+def _rate_and_cpu(dataset) -> tuple[float, float]:
+    """(pairs/s, process CPU milliseconds per pair) of one pass."""
+    count, seconds, cpu = timed_pass_cpu(dataset)
+    return count / seconds, 1000 * cpu / count
 
 
 def _median_rate(repeats: int, dataset, *, cold: bool) -> float:

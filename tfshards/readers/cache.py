@@ -44,8 +44,9 @@ CACHE_FORMAT = 2
 INFO_FILE = "info.json"
 READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"
-# Part files read at once; also the parallelism of a cached epoch's reads.
-CACHE_PARTS = 4
+# Part files, read at once in a new order each epoch: with the shuffle buffer they mix
+# the records of a cached epoch.
+CACHE_PARTS = 16
 # Read-ahead per part file: 1 MiB read 1.5x faster than TF's 256 KiB default here.
 READ_BUFFER_BYTES = 2**20
 log = logging.getLogger("tfshards")

@@ -125,35 +125,67 @@ def disk_cached_pairs(
 
 
 def read_parts(layout: CacheLayout, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
-    """The published part files as uint8 pairs; in record order unless ``shuffle``."""
-    height, width, channels = layout.shape
+    """The published part files as uint8 pairs; in record order unless ``shuffle``.
+
+    Shuffled, each epoch reads the parts in a new order, each one rotated to start
+    at a new random record (a seek, via the header/footer sizes), so a record's
+    place in the epoch changes every epoch before the shuffle buffer mixes further.
+    """
+    counts = [len(range(k, layout.records, CACHE_PARTS)) for k in range(CACHE_PARTS)]
     parts = tf.data.Dataset.from_tensor_slices(
         (
             [str(layout.part(layout.ready, k, "image")) for k in range(CACHE_PARTS)],
             [str(layout.part(layout.ready, k, "mask")) for k in range(CACHE_PARTS)],
+            tf.constant(counts, tf.int64),
         )
     )
     if shuffle:
         parts = parts.shuffle(CACHE_PARTS, seed=seed, reshuffle_each_iteration=True)
+        starts = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+    else:
+        starts = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
 
-    def part_pairs(image_file: tf.Tensor, mask_file: tf.Tensor) -> tf.data.Dataset:
-        images = tf.data.FixedLengthRecordDataset(
-            image_file, layout.image_bytes, buffer_size=READ_BUFFER_BYTES
-        )
-        masks = tf.data.FixedLengthRecordDataset(
-            mask_file, layout.mask_bytes, buffer_size=READ_BUFFER_BYTES
-        )
-        return tf.data.Dataset.zip((images, masks)).map(
-            lambda image, mask: (
-                tf.reshape(tf.io.decode_raw(image, tf.uint8), (height, width, channels)),
-                tf.reshape(tf.io.decode_raw(mask, tf.uint8), (height, width, 1)),
-            )
+    def part_pairs(part, start) -> tf.data.Dataset:
+        image_file, mask_file, count = part
+        start = start % tf.maximum(count, 1)
+        return _records_from(layout, image_file, mask_file, start, count).map(
+            lambda image, mask: _decode(layout, image, mask)
         )
 
-    return parts.interleave(
+    return tf.data.Dataset.zip(parts, starts).interleave(
         part_pairs,
         cycle_length=CACHE_PARTS,
         block_length=1,
         num_parallel_calls=CACHE_PARTS,
         deterministic=not shuffle or seed is not None,
+    )
+
+
+def _records_from(
+    layout: CacheLayout, image_file, mask_file, start: tf.Tensor, count: tf.Tensor
+) -> tf.data.Dataset:
+    """Records start..count-1 then 0..start-1 of one part, as (image bytes, mask bytes)."""
+
+    def rotated(path, record_bytes: int) -> tf.data.Dataset:
+        tail = tf.data.FixedLengthRecordDataset(
+            path, record_bytes, header_bytes=start * record_bytes, buffer_size=READ_BUFFER_BYTES
+        )
+        head = tf.data.FixedLengthRecordDataset(
+            path,
+            record_bytes,
+            footer_bytes=(count - start) * record_bytes,
+            buffer_size=READ_BUFFER_BYTES,
+        )
+        return tail.concatenate(head)
+
+    return tf.data.Dataset.zip(
+        rotated(image_file, layout.image_bytes), rotated(mask_file, layout.mask_bytes)
+    )
+
+
+def _decode(layout: CacheLayout, image: tf.Tensor, mask: tf.Tensor):
+    height, width, channels = layout.shape
+    return (
+        tf.reshape(tf.io.decode_raw(image, tf.uint8), (height, width, channels)),
+        tf.reshape(tf.io.decode_raw(mask, tf.uint8), (height, width, 1)),
     )
