@@ -96,7 +96,7 @@ def train_and_evaluate(args: argparse.Namespace, workdir: Path) -> None:
         overwrite=True,
         resize=(args.size, args.size),
     )
-    channels = manifest.image["channels"]
+    channels = manifest.image.channels
     image_size = (args.size, args.size)
     train = tfshards.read(
         shards, split="train", batch_size=16, image_size=image_size, cache=True, seed=0

@@ -68,7 +68,7 @@ def read_records(out: Path, split: str = "train") -> list[dict]:
     from tfshards.schemas.record import tf_feature_spec
 
     manifest = Manifest.load(out)
-    compression = COMPRESSIONS[manifest.compression["type"]].tf_name
+    compression = COMPRESSIONS[manifest.compression.type].tf_name
     files = [str(out / shard.file) for shard in manifest.splits[split].shards]
     records = []
     for serialized in tf.data.TFRecordDataset(files, compression_type=compression):

@@ -17,6 +17,7 @@ from PIL import Image
 
 from tfshards import Manifest, OutputError, PairError, PairingError, convert
 from tfshards.cli import main
+from tfshards.schemas.manifest import ImageInfo
 
 ENCODINGS = ["deflate", "keep", "png", "jpeg", "raw"]
 COMPRESSIONS = ["none", "gzip", "zlib"]
@@ -56,7 +57,7 @@ def test_round_trip_every_encoding_and_compression(tmp_path, encoding, compressi
                 assert np.array_equal(record["image"], image)
             seen.append(record["key"])
     assert sorted(seen) == [f"{i:03d}" for i in range(10)]
-    assert manifest.image["channels"] == channels
+    assert manifest.image.channels == channels
 
 
 def test_keep_copies_source_bytes_and_reencodes_palette_masks(tmp_path):
@@ -110,8 +111,8 @@ def test_manifest_contents(tmp_path):
 
         data = (tmp_path / "out" / shard.file).read_bytes()
         assert len(data) == shard.bytes and hashlib.sha256(data).hexdigest() == shard.sha256
-    assert loaded.image == {"encoding": "deflate", "channels": 3, "height": 24, "width": 32}
-    assert loaded.mask["encoding"] == "deflate" and loaded.compression["type"] == "none"
+    assert loaded.image == ImageInfo("deflate", channels=3, height=24, width=32)
+    assert loaded.mask.encoding == "deflate" and loaded.compression.type == "none"
     assert not (tmp_path / "out" / ".tfshards-work").exists()
 
 
@@ -326,7 +327,7 @@ def test_real_membrane_data(tmp_path):
         progress=False,
     )
     assert manifest.total_records == 30
-    assert manifest.image == {"encoding": "deflate", "channels": 1, "height": 512, "width": 512}
+    assert manifest.image == ImageInfo("deflate", channels=1, height=512, width=512)
     for split in manifest.splits:
         for record in read_records(tmp_path / "out", split):
             image = np.asarray(Image.open(MEMBRANE / "image" / f"{record['key']}.png"))

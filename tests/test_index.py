@@ -31,7 +31,7 @@ def test_index_files_let_the_tfrecord_package_shard_records_across_workers(tmp_p
     images, masks = write_pairs(tmp_path / "data", 25)
     out = tmp_path / "out"
     manifest = convert(images, masks, out, num_shards=3, index=True, workers=1, progress=False)
-    assert manifest.compression["type"] == "none"
+    assert manifest.compression.type == "none"
     files = []
     for shard in manifest.splits["train"].shards:
         index = out / f"{shard.file}.idx"
@@ -60,5 +60,5 @@ def test_raw_with_index_defaults_to_no_compression(tmp_path):
     manifest = convert(
         images, masks, tmp_path / "out", encoding="raw", index=True, workers=1, progress=False
     )
-    assert manifest.compression["type"] == "none"
+    assert manifest.compression.type == "none"
     assert len(list((tmp_path / "out").glob("*.idx"))) == 1

@@ -8,12 +8,12 @@ from conftest import convert_args, write_pairs
 
 import tfshards
 from tfshards import OptionsError, convert
-from tfshards.converters.tfds_export import export_tfds
+from tfshards.checks.tfds_export import export_tfds
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
 
-@pytest.mark.parametrize("encoding", ["png", "keep", "raw"])
+@pytest.mark.parametrize("encoding", ["png", "keep", "raw", "deflate"])
 def test_tfds_loads_every_split_pixel_equal(tmp_path, encoding):
     images, masks = write_pairs(
         tmp_path / "data", 20, size=(12, 16), image_format="jpeg" if encoding == "keep" else "png"

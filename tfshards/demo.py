@@ -6,7 +6,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tfshards.converters.convert import convert_with_report
+from tfshards.converters.convert import ConvertOptions, ConvertRun, run_conversion
 
 
 def run_demo(
@@ -20,15 +20,12 @@ def run_demo(
     from tfshards.readers import list_caches, read
 
     images, masks = synth(workdir / "data", count=count, size=size, classes=3, seed=0)
-    result = convert_with_report(
+    result = run_conversion(
         images,
         masks,
         workdir / "shards",
-        val_fraction=0.1,
-        num_classes=3,
-        seed=0,
-        progress=progress,
-        overwrite=True,
+        ConvertOptions(val_fraction=0.1, num_classes=3, seed=0),
+        ConvertRun(progress=progress, overwrite=True),
     )
     lines = [
         f"synthetic data: {count} pairs of {size}x{size} RGB images, 3 classes",

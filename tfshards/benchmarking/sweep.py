@@ -198,17 +198,14 @@ def _measure_baselines(config, result, size, channels, step, dropped: bool) -> N
 def _convert_point(
     config, out: Path, shards: int, encoding: str, compression: str, source_bytes: int
 ) -> dict[str, Any]:
-    from tfshards.converters.convert import convert_with_report
+    from tfshards.converters.convert import ConvertOptions, ConvertRun, run_conversion
 
-    report = convert_with_report(
+    report = run_conversion(
         config.images,
         config.masks,
         out,
-        num_shards=shards,
-        encoding=encoding,
-        compression=compression,
-        overwrite=True,
-        progress=False,
+        ConvertOptions(num_shards=shards, encoding=encoding, compression=compression),
+        ConvertRun(overwrite=True, progress=False),
     )
     shard_bytes = sum(s.bytes for split in report.manifest.splits.values() for s in split.shards)
     return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,9 @@ def dataset_summary(path: str | os.PathLike) -> dict[str, Any]:
         "path": str(Path(path).resolve()),
         "records": manifest.total_records,
         "splits": splits,
-        "image": manifest.image,
-        "mask": manifest.mask,
-        "compression": manifest.compression,
+        "image": asdict(manifest.image),
+        "mask": asdict(manifest.mask),
+        "compression": asdict(manifest.compression),
         "seed": manifest.seed,
         "source": {k: v for k, v in manifest.source.items() if k != "fingerprint"},
         "skipped": [vars(s) for s in manifest.skipped],
@@ -125,7 +126,7 @@ def write_preview(
     )
     rows, index = [], 0
     for shard in shards:
-        for features in shard_examples(Path(path) / shard.file, manifest.compression["type"]):
+        for features in shard_examples(Path(path) / shard.file, manifest.compression.type):
             if index in wanted:
                 rows.append(_preview_row(features, tile))
             index += 1

@@ -114,8 +114,8 @@ def _file_matches(path: Path, shard: ShardInfo, check: ShardCheck) -> bool:
 def _check_records(
     path: Path, manifest: Manifest, check: ShardCheck, keys: dict[bytes, str]
 ) -> None:
-    compression = manifest.compression["type"]
-    num_classes = manifest.mask.get("num_classes")
+    compression = manifest.compression.type
+    num_classes = manifest.mask.num_classes
     found = 0
     try:
         for found, features in enumerate(shard_examples(path, compression), start=1):

@@ -1,6 +1,6 @@
 """The writer side: pairing, validation, planning and shard writing."""
 
-from tfshards.converters.convert import ConvertResult, convert, convert_with_report
+from tfshards.converters.convert import ConvertResult, ConvertRun, convert, run_conversion
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair, PairingReport, pair_files
 from tfshards.converters.synth import synth
@@ -8,10 +8,11 @@ from tfshards.converters.synth import synth
 __all__ = [
     "ConvertOptions",
     "ConvertResult",
+    "ConvertRun",
     "Pair",
     "PairingReport",
     "convert",
-    "convert_with_report",
+    "run_conversion",
     "pair_files",
     "synth",
 ]

@@ -11,7 +11,7 @@ import queue
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,16 @@ from tfshards.converters.shard_job import (
     write_shard_in_worker,
 )
 from tfshards.converters.validation import image_channels
-from tfshards.errors import PairingError
+from tfshards.errors import OptionsError, PairingError
 from tfshards.schemas.format import image_encoding
-from tfshards.schemas.manifest import Manifest, ShardInfo, SplitInfo
+from tfshards.schemas.manifest import (
+    CompressionInfo,
+    ImageInfo,
+    Manifest,
+    MaskInfo,
+    ShardInfo,
+    SplitInfo,
+)
 
 log = logging.getLogger("tfshards")
 _HEADER_SAMPLE = 32
@@ -53,73 +60,76 @@ class ConvertResult:
     pairing: PairingReport
 
 
+@dataclass(frozen=True)
+class ConvertRun:
+    """How a conversion runs (not what it writes: that is :class:`ConvertOptions`).
+
+    image_pattern, mask_pattern: name patterns such as ``'image_{key}.png'``.
+    allow_unpaired: convert the matched pairs and report orphans instead of failing.
+    workers: local worker processes (default: all cores); the output is the same for any.
+    resume / overwrite: finish an interrupted conversion / replace a previous one.
+    progress: a tqdm bar. runner: writes the planned shards (default: local workers;
+    ``tfshards.converters.beam.beam_runner(...)`` for an Apache Beam pipeline).
+    """
+
+    image_pattern: str | None = None
+    mask_pattern: str | None = None
+    allow_unpaired: bool = False
+    workers: int | None = None
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    runner: ShardRunner | None = None
+
+
+_RUN_FIELDS = {f.name for f in fields(ConvertRun)}
+_OPTION_FIELDS = {f.name for f in fields(ConvertOptions)}
+
+
 def convert(
     images: str | os.PathLike,
     masks: str | os.PathLike | None,
     out: str | os.PathLike,
     *,
     options: ConvertOptions | None = None,
-    image_pattern: str | None = None,
-    mask_pattern: str | None = None,
-    allow_unpaired: bool = False,
-    workers: int | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    runner: ShardRunner | None = None,
-    **option_values: Any,
+    **settings: Any,
 ) -> Manifest:
     """Convert an image folder and a mask folder into TFRecord shards; return the manifest.
 
-    Option values may be given as keywords (see :class:`ConvertOptions`):
+    Keywords are fields of :class:`ConvertOptions` (what is written: encoding,
+    val_fraction, num_classes, ...) or of :class:`ConvertRun` (how the job runs:
+    workers, resume, overwrite, progress, name patterns, ...):
 
     >>> manifest = tfshards.convert("data/images", "data/masks", "shards",
     ...                             val_fraction=0.1, num_classes=3, seed=0)  # doctest: +SKIP
     >>> manifest.splits["train"].records  # doctest: +SKIP
     180
     """
-    return convert_with_report(
-        images,
-        masks,
-        out,
-        options=options,
-        image_pattern=image_pattern,
-        mask_pattern=mask_pattern,
-        allow_unpaired=allow_unpaired,
-        workers=workers,
-        resume=resume,
-        overwrite=overwrite,
-        progress=progress,
-        runner=runner,
-        **option_values,
-    ).manifest
+    unknown = sorted(set(settings) - _RUN_FIELDS - _OPTION_FIELDS)
+    if unknown:
+        raise OptionsError(
+            f"convert() got unknown keywords {', '.join(unknown)}; valid: "
+            f"{', '.join(sorted(_OPTION_FIELDS | _RUN_FIELDS))}"
+        )
+    run = ConvertRun(**{k: v for k, v in settings.items() if k in _RUN_FIELDS})
+    values = {k: v for k, v in settings.items() if k in _OPTION_FIELDS}
+    options = replace(options or ConvertOptions(), **values)
+    return run_conversion(images, masks, out, options, run).manifest
 
 
-def convert_with_report(
+def run_conversion(
     images: str | os.PathLike,
     masks: str | os.PathLike | None,
     out: str | os.PathLike,
-    *,
-    options: ConvertOptions | None = None,
-    image_pattern: str | None = None,
-    mask_pattern: str | None = None,
-    allow_unpaired: bool = False,
-    workers: int | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    runner: ShardRunner | None = None,
-    **option_values: Any,
+    options: ConvertOptions,
+    run: ConvertRun,
 ) -> ConvertResult:
-    """Like :func:`convert`, also returning timing and pairing details (used by the CLI).
-
-    ``runner`` writes the planned shards; the default uses local worker processes,
-    ``tfshards.converters.beam.beam_runner(...)`` an Apache Beam pipeline.
-    """
+    """The conversion itself, also returning timing and pairing details (used by the CLI)."""
     started = time.perf_counter()
-    options = replace(options or ConvertOptions(), **option_values)
-    report = pair_files(images, masks, image_pattern=image_pattern, mask_pattern=mask_pattern)
-    pairs = checked_pairs(report, allow_unpaired=allow_unpaired, where=str(images))
+    report = pair_files(
+        images, masks, image_pattern=run.image_pattern, mask_pattern=run.mask_pattern
+    )
+    pairs = checked_pairs(report, allow_unpaired=run.allow_unpaired, where=str(images))
     for problem in report.problems:
         log.warning("%s (left out: --allow-unpaired)", problem)
     channels = options.channels or image_channels(pairs[0].image)
@@ -138,36 +148,48 @@ def convert_with_report(
     source = {
         "images": str(Path(images).resolve()),
         "masks": str(Path(masks if masks is not None else images).resolve()),
-        "image_pattern": image_pattern,
-        "mask_pattern": mask_pattern,
+        "image_pattern": run.image_pattern,
+        "mask_pattern": run.mask_pattern,
         "fingerprint": _job_fingerprint(pairs, stats, options),
     }
-    out = Path(out)
-    with OutputFolder(out, resume=resume, overwrite=overwrite) as folder:
+    manifest, written, reused = _write_dataset(Path(out), specs, options, source, report, run)
+    if options.tfds_metadata:
+        from tfshards.checks.tfds_export import export_tfds
+
+        export_tfds(out)
+    seconds = time.perf_counter() - started
+    return ConvertResult(manifest, Path(out), seconds, written, reused, report)
+
+
+def _write_dataset(
+    out: Path,
+    specs: list[ShardSpec],
+    options: ConvertOptions,
+    source: dict[str, Any],
+    report: PairingReport,
+    run: ConvertRun,
+) -> tuple[Manifest, int, int]:
+    """Write the shards not yet done, then the manifest; (manifest, written, reused)."""
+    with OutputFolder(out, resume=run.resume, overwrite=run.overwrite) as folder:
         begun = folder.begin(source["fingerprint"])
         if isinstance(begun, Manifest):
             log.info("%s is already complete; nothing to do", out)
-            return ConvertResult(begun, out, time.perf_counter() - started, 0, len(specs), report)
+            return begun, 0, len(specs)
         todo = [spec for spec in specs if spec.file_name not in begun]
         if begun:
             log.info("resuming: %d of %d shards already complete", len(begun), len(specs))
         results = dict(begun)
-        if runner is None:
-            results_of = _write_shards(todo, options, channels, out, workers, progress)
+        channels = options.channels
+        if run.runner is None:
+            results_of = _write_shards(todo, options, channels, out, run.workers, run.progress)
         else:
-            results_of = runner(todo, options, channels, out)
+            results_of = run.runner(todo, options, channels, out)
         for result in results_of:
             folder.record(result)
             results[result.file] = result
         manifest = _manifest(specs, results, options, source, report)
         folder.publish(manifest)
-    if options.tfds_metadata:
-        from tfshards.converters.tfds_export import export_tfds
-
-        export_tfds(out)
-    return ConvertResult(
-        manifest, out, time.perf_counter() - started, len(todo), len(begun), report
-    )
+    return manifest, len(todo), len(begun)
 
 
 def _file_stats(pairs: Sequence[Pair]) -> dict[str, tuple[os.stat_result, os.stat_result]]:
@@ -304,18 +326,13 @@ def _manifest(
     sizes = {size for r in results.values() for size in r.image_sizes}
     height, width = next(iter(sizes)) if len(sizes) == 1 else (None, None)
     return Manifest(
-        image={
-            "encoding": options.encoding,
-            "channels": options.channels,
-            "height": height,
-            "width": width,
-        },
-        mask={
-            "encoding": options.mask_encoding,
-            "num_classes": options.num_classes,
-            "mask_map": [list(entry) for entry in options.mask_map or ()],
-        },
-        compression={"type": options.compression, "level": options.compression_level},
+        image=ImageInfo(options.encoding, options.channels, height, width),
+        mask=MaskInfo(
+            options.mask_encoding,
+            options.num_classes,
+            [list(entry) for entry in options.mask_map or ()],
+        ),
+        compression=CompressionInfo(options.compression, options.compression_level),
         seed=options.seed,
         options=options.to_json(),
         source=source,

@@ -18,6 +18,7 @@ from tfshards.schemas.format import (
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 COMPRESSION_CHOICES = (AUTO_COMPRESSION, *COMPRESSIONS)
+AUTO_MASK_ENCODING = "auto"
 ON_ERROR = ("fail", "skip")
 _UNITS = {
     "": 1,
@@ -43,8 +44,8 @@ class ConvertOptions:
     """
 
     encoding: str = DEFAULT_ENCODING
-    mask_encoding: str = "auto"
-    compression: str = "auto"
+    mask_encoding: str = AUTO_MASK_ENCODING
+    compression: str = AUTO_COMPRESSION
     compression_level: int = 1
     num_shards: int | None = None
     shard_size: int = DEFAULT_SHARD_SIZE
@@ -61,7 +62,7 @@ class ConvertOptions:
 
     def __post_init__(self) -> None:
         image_encoding(self.encoding)
-        if self.mask_encoding != "auto":
+        if self.mask_encoding != AUTO_MASK_ENCODING:
             mask_encoding(self.mask_encoding)
         _one_of("compression", self.compression, COMPRESSION_CHOICES)
         _one_of("on_error", self.on_error, ON_ERROR)
@@ -122,7 +123,7 @@ class ConvertOptions:
             self,
             channels=channels,
             mask_encoding=auto_mask_encoding(self.encoding)
-            if self.mask_encoding == "auto"
+            if self.mask_encoding == AUTO_MASK_ENCODING
             else self.mask_encoding,
             compression="none" if self.compression == AUTO_COMPRESSION else self.compression,
         )

@@ -22,7 +22,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tfshards.converters.shard_job import ShardResult
-from tfshards.converters.tfds_export import TFDS_FILES
 from tfshards.errors import OutputError
 from tfshards.schemas.format import (
     JOURNAL_DONE,
@@ -30,6 +29,7 @@ from tfshards.schemas.format import (
     LOCK_NAME,
     MANIFEST_NAME,
     OWN_FILE,
+    TFDS_FILES,
     TMP_SUFFIX,
     WORK_NAME,
     journal_entry,

@@ -62,8 +62,8 @@ def pair_decoder(shards: SplitShards, shape: tuple[int, int, int]) -> PairDecode
     return PairDecoder(
         shape,
         manifest.image_shape,
-        image_encoding(manifest.image["encoding"]),
-        mask_encoding(manifest.mask["encoding"]),
+        image_encoding(manifest.image.encoding),
+        mask_encoding(manifest.mask.encoding),
     )
 
 
@@ -140,6 +140,6 @@ def to_float_image(image: tf.Tensor) -> tf.Tensor:
 
 def _num_classes(shards: SplitShards) -> int:
     manifest = shards.manifest
-    if manifest.mask.get("num_classes"):
-        return manifest.mask["num_classes"]
+    if manifest.mask.num_classes:
+        return manifest.mask.num_classes
     return max(len(split.class_pixels) for split in manifest.splits.values())

@@ -315,7 +315,7 @@ def _check_arguments(
 
 
 def _target_shape(shards: SplitShards, image_size: tuple[int, int] | None) -> tuple[int, int, int]:
-    channels = shards.manifest.image["channels"]
+    channels = shards.manifest.image.channels
     if image_size is not None:
         if len(image_size) != 2 or min(image_size) < 1:
             raise OptionsError(f"image_size must be (height, width), got {image_size}")
@@ -367,6 +367,6 @@ def _shuffle_buffer(
     if options.shuffle_buffer is not None:
         return options.shuffle_buffer
     record_bytes = shape[0] * shape[1] * (shape[2] + 1)
-    if serialized and shards.manifest.image["encoding"] != "raw":
+    if serialized and shards.manifest.image.encoding != "raw":
         record_bytes = max(1, shards.manifest.splits[shards.split].bytes // max(shards.records, 1))
     return max(1, min(shards.records, 10_000, SHUFFLE_BUFFER_BYTES // record_bytes))

@@ -26,7 +26,7 @@ class SplitShards:
 
     @property
     def compression_type(self) -> str:
-        return COMPRESSIONS[self.manifest.compression["type"]].tf_name
+        return COMPRESSIONS[self.manifest.compression.type].tf_name
 
 
 def split_shards(

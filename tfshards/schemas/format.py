@@ -315,6 +315,7 @@ JOURNAL_JOB = "job.json"  # in WORK_NAME: the job's fingerprint
 JOURNAL_DONE = "done"  # in WORK_NAME: one JSON per completed shard
 CACHE_DIR_NAME = ".tfshards-cache"  # disk caches beside the shards
 INDEX_SUFFIX = ".idx"
+TFDS_FILES = ("dataset_info.json", "features.json")  # written by export-tfds
 TMP_SUFFIX = ".tmp"
 SPLITS = ("train", "val", "test")
 _SUFFIXES = "|".join(re.escape(c.suffix) for c in COMPRESSIONS.values() if c.suffix)

@@ -10,7 +10,8 @@ Layout (JSON object)::
     mask              {"encoding", "num_classes" (null when not checked), "mask_map"}
     compression       {"type": "none"|"gzip"|"zlib", "level"}
     seed              the shuffle and split seed
-    options           every conversion option that shapes the output
+    options           a record of how the data was made: every ConvertOptions field as
+                      resolved (for people and --resume); readers use the sections above
     source            {"images", "masks", "image_pattern", "mask_pattern"}
     splits            {name: {"records", "bytes", "class_pixels", "shards":
                       [{"file", "records", "bytes", "sha256"}]}}
@@ -31,10 +32,66 @@ from pathlib import Path
 from typing import Any
 
 from tfshards.errors import ManifestError
-from tfshards.schemas.format import MANIFEST_NAME, temporary_path
+from tfshards.schemas.format import COMPRESSIONS, ENCODINGS, MANIFEST_NAME, temporary_path
 from tfshards.schemas.record import SCHEMA_VERSION, schema_description
 
 FORMAT_NAME = "tfshards"
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """How images are stored; height and width are None when records differ in size."""
+
+    encoding: str
+    channels: int
+    height: int | None
+    width: int | None
+
+    def __post_init__(self) -> None:
+        _check("image.encoding", self.encoding, self.encoding in ENCODINGS, sorted(ENCODINGS))
+        _check("image.channels", self.channels, self.channels in (1, 3, 4), "1, 3 or 4")
+        sized = [v for v in (self.height, self.width) if v is not None]
+        _check(
+            "image.height/width",
+            (self.height, self.width),
+            len(sized) in (0, 2) and all(isinstance(v, int) and v > 0 for v in sized),
+            "two positive integers, or both null",
+        )
+
+
+@dataclass(frozen=True)
+class MaskInfo:
+    """How masks are stored; num_classes is None when conversion did not check it."""
+
+    encoding: str
+    num_classes: int | None = None
+    mask_map: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check("mask.encoding", self.encoding, self.encoding in ENCODINGS, sorted(ENCODINGS))
+        _check(
+            "mask.num_classes",
+            self.num_classes,
+            self.num_classes is None
+            or (isinstance(self.num_classes, int) and self.num_classes > 0),
+            "a positive integer or null",
+        )
+
+
+@dataclass(frozen=True)
+class CompressionInfo:
+    """The whole-shard compression and its zlib level."""
+
+    type: str
+    level: int = 1
+
+    def __post_init__(self) -> None:
+        _check("compression.type", self.type, self.type in COMPRESSIONS, list(COMPRESSIONS))
+
+
+def _check(name: str, value: Any, ok: bool, expected: Any) -> None:
+    if not ok:
+        raise ManifestError(f"manifest field {name} is {value!r}; expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -62,9 +119,9 @@ class SkippedPair:
 
 @dataclass(frozen=True)
 class Manifest:
-    image: dict[str, Any]
-    mask: dict[str, Any]
-    compression: dict[str, Any]
+    image: ImageInfo
+    mask: MaskInfo
+    compression: CompressionInfo
     seed: int
     options: dict[str, Any]
     source: dict[str, Any]
@@ -79,9 +136,9 @@ class Manifest:
 
     @property
     def image_shape(self) -> tuple[int, int, int] | None:
-        if self.image.get("height") is None:
+        if self.image.height is None:
             return None
-        return (self.image["height"], self.image["width"], self.image["channels"])
+        return (self.image.height, self.image.width, self.image.channels)
 
     def to_json(self) -> str:
         body = {
@@ -120,9 +177,9 @@ class Manifest:
         try:
             splits = {name: _split_from_json(name, raw) for name, raw in body["splits"].items()}
             return cls(
-                image=body["image"],
-                mask=body["mask"],
-                compression=body["compression"],
+                image=_section(ImageInfo, body, "image"),
+                mask=_section(MaskInfo, body, "mask"),
+                compression=_section(CompressionInfo, body, "compression"),
                 seed=body["seed"],
                 options=body["options"],
                 source=body["source"],
@@ -142,6 +199,17 @@ class Manifest:
                 "(an interrupted conversion has no manifest until it completes)"
             )
         return cls.from_json(path.read_text(encoding="utf-8"), where=str(path))
+
+
+def _section(kind: type, body: dict[str, Any], name: str):
+    """A typed section; a missing or unknown field is named in the error."""
+    raw = body.get(name)
+    if not isinstance(raw, dict):
+        raise ManifestError(f"manifest field {name} is {raw!r}; expected an object")
+    try:
+        return kind(**raw)
+    except TypeError as exc:
+        raise ManifestError(f"manifest section {name}: {exc}") from exc
 
 
 def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:

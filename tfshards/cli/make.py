@@ -1,18 +1,13 @@
-"""The `tfshards` command: argparse subcommands. Results go to stdout, errors to stderr.
-
-Exit codes: 0 success, 1 the job failed, 2 bad usage.
-"""
+"""`tfshards` subcommands that make datasets: synth, convert, demo."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from tfshards.cli_tools import add_bench, add_cache, add_export_tfds, add_inspect, add_verify
-from tfshards.errors import OptionsError, TfshardsError
+from tfshards.errors import OptionsError
 
 log = logging.getLogger("tfshards")
 
@@ -28,15 +23,19 @@ def _size_arg(parse: Callable):
     return convert
 
 
-def _add_convert(sub: argparse._SubParsersAction) -> None:
+def add_convert(sub: argparse._SubParsersAction) -> None:
     from tfshards.converters.options import (
+        AUTO_MASK_ENCODING,
         COMPRESSION_CHOICES,
-        DEFAULT_SHARD_SIZE,
+        ON_ERROR,
+        ConvertOptions,
         parse_hw,
         parse_mask_map,
         parse_size,
     )
-    from tfshards.schemas.format import DEFAULT_ENCODING, ENCODINGS, MASK_ENCODINGS
+    from tfshards.schemas.format import ENCODINGS, MASK_ENCODINGS
+
+    DEFAULTS = ConvertOptions()  # noqa: N806 - the one source of every default below
 
     p = sub.add_parser(
         "convert",
@@ -76,8 +75,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument(
         "--on-error",
-        choices=("fail", "skip"),
-        default="fail",
+        choices=ON_ERROR,
+        default=DEFAULTS.on_error,
         help="a corrupt or invalid pair stops the job (fail, default) or is "
         "skipped and listed in the manifest (skip)",
     )
@@ -85,22 +84,22 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--encoding",
         choices=sorted(ENCODINGS),
-        default=DEFAULT_ENCODING,
+        default=DEFAULTS.encoding,
         help="image encoding: deflate (raw pixels, zlib per record: lossless, compact, fast "
         "to read), raw pixels, keep the source PNG/JPEG bytes (fastest conversion; smallest "
         "for JPEG photos), png, or jpeg (lossy) (default: %(default)s)",
     )
     g.add_argument(
         "--mask-encoding",
-        choices=["auto", *sorted(MASK_ENCODINGS)],
-        default="auto",
+        choices=[AUTO_MASK_ENCODING, *sorted(MASK_ENCODINGS)],
+        default=DEFAULTS.mask_encoding,
         help="mask encoding; auto (default) is the image encoding when that is deflate or "
         "raw, else keep; masks are never stored lossy",
     )
     g.add_argument(
         "--compression",
         choices=COMPRESSION_CHOICES,
-        default="auto",
+        default=DEFAULTS.compression,
         help="whole-shard compression; auto (default) is none: deflate, PNG and JPEG are "
         "compressed already, and a gzip stream over raw pixels reads about half as fast "
         "as deflate records",
@@ -108,7 +107,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--compression-level",
         type=int,
-        default=1,
+        default=DEFAULTS.compression_level,
         help="zlib level 0-9 (default 1: several times faster than 6 for a few %% more bytes)",
     )
     shards = g.add_mutually_exclusive_group()
@@ -120,7 +119,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     shards.add_argument(
         "--shard-size",
         type=_size_arg(parse_size),
-        default=DEFAULT_SHARD_SIZE,
+        default=DEFAULTS.shard_size,
         help="target bytes per shard before compression, e.g. 128MiB (default)",
     )
     g.add_argument(
@@ -135,9 +134,21 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         help="also write dataset_info.json and features.json so tfds.builder_from_directory "
         "loads the shards (uncompressed, one image size; see `tfshards export-tfds --help`)",
     )
-    g.add_argument("--val-fraction", type=float, default=0.0, help="fraction of pairs for 'val'")
-    g.add_argument("--test-fraction", type=float, default=0.0, help="fraction for 'test'")
-    g.add_argument("--seed", type=int, default=0, help="shuffle and split seed (default 0)")
+    g.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULTS.val_fraction,
+        help="fraction of pairs for 'val' (default %(default)s)",
+    )
+    g.add_argument(
+        "--test-fraction",
+        type=float,
+        default=DEFAULTS.test_fraction,
+        help="fraction of pairs for 'test' (default %(default)s)",
+    )
+    g.add_argument(
+        "--seed", type=int, default=DEFAULTS.seed, help="shuffle and split seed (default 0)"
+    )
     g = p.add_argument_group("output and execution")
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--workers", type=int, help="parallel processes (default: all cores)")
@@ -169,7 +180,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from tfshards.converters.convert import convert_with_report
+    from tfshards.converters.convert import ConvertRun, run_conversion
     from tfshards.converters.options import ConvertOptions
 
     options = ConvertOptions(
@@ -195,11 +206,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         from tfshards.converters.beam import beam_runner
 
         runner = beam_runner(args.beam_option)
-    result = convert_with_report(
-        args.images,
-        args.masks,
-        args.out,
-        options=options,
+    run = ConvertRun(
         image_pattern=args.image_pattern,
         mask_pattern=args.mask_pattern,
         allow_unpaired=args.allow_unpaired,
@@ -209,9 +216,10 @@ def _run_convert(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         runner=runner,
     )
+    result = run_conversion(args.images, args.masks, args.out, options, run)
     print(conversion_summary(result))
     if args.tfds_metadata:
-        from tfshards.converters.tfds_export import TFDS_FILES
+        from tfshards.schemas.format import TFDS_FILES
 
         print("wrote TFDS metadata: " + ", ".join(str(Path(args.out) / f) for f in TFDS_FILES))
     return 0
@@ -241,7 +249,7 @@ def conversion_summary(result) -> str:
     return "\n".join(lines)
 
 
-def _add_synth(sub: argparse._SubParsersAction) -> None:
+def add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth",
         help="write a synthetic image/mask dataset to try things on",
@@ -281,7 +289,7 @@ def _run_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_demo(sub: argparse._SubParsersAction) -> None:
+def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="synth -> convert -> read back, with no arguments",
@@ -306,55 +314,3 @@ def _run_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir) if args.workdir else None
     print(run_demo(workdir, count=args.count, size=args.size, progress=not args.quiet))
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tfshards",
-        description="Convert image/mask folders into pre-shuffled TFRecord shards and stream "
-        "them into Keras training.",
-    )
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in SUBCOMMANDS:
-        add(sub)
-    return parser
-
-
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_synth,
-    _add_convert,
-    _add_demo,
-    add_verify,
-    add_inspect,
-    add_export_tfds,
-    add_cache,
-    add_bench,
-]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="tfshards: %(levelname)s: %(message)s")
-    try:
-        return args.run(args)
-    except OptionsError as exc:
-        print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except TfshardsError as exc:
-        print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # disk full, permissions, a vanished file...
-        where = f" ({exc.filename})" if exc.filename else ""
-        print(f"tfshards {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"tfshards {args.command}: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

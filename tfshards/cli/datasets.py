@@ -1,5 +1,5 @@
 """`tfshards` subcommands that look at converted datasets: verify, inspect, cache,
-export-tfds, and the bench sweep. Wired into the parser by cli.py."""
+export-tfds, and the bench sweep. Wired into the parser by cli/__init__.py."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def add_export_tfds(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_export_tfds(args: argparse.Namespace) -> int:
-    from tfshards.converters.tfds_export import export_tfds
+    from tfshards.checks.tfds_export import export_tfds
 
     written = export_tfds(args.dir, name=args.name)
     print("wrote " + ", ".join(str(p) for p in written))

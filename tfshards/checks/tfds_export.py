@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 
 from tfshards.errors import OptionsError
+from tfshards.schemas.format import TFDS_FILES
 from tfshards.schemas.manifest import Manifest
 
 TFDS_FILE_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
-TFDS_FILES = ("dataset_info.json", "features.json")
 # tfshards encodings that TFDS reads as a Tensor feature, by the name of its tensor encoding.
 _TENSOR_ENCODINGS = {"raw": "BYTES", "deflate": "ZLIB"}
 
@@ -28,16 +28,16 @@ _TENSOR_ENCODINGS = {"raw": "BYTES", "deflate": "ZLIB"}
 def tfds_problems(manifest: Manifest) -> list[str]:
     """Why TFDS cannot load this dataset as it is; empty when it can."""
     problems = []
-    if manifest.compression["type"] != "none":
+    if manifest.compression.type != "none":
         problems.append(
-            f"shards are {manifest.compression['type']}-compressed; TFDS reads "
+            f"shards are {manifest.compression.type}-compressed; TFDS reads "
             "uncompressed TFRecords only (convert with --compression none)"
         )
     if manifest.image_shape is None:
         problems.append(
             "records differ in size; TFDS features need one shape (convert with --resize HxW)"
         )
-    image, mask = manifest.image["encoding"], manifest.mask["encoding"]
+    image, mask = manifest.image.encoding, manifest.mask.encoding
     if (image in _TENSOR_ENCODINGS or mask in _TENSOR_ENCODINGS) and image != mask:
         problems.append(
             f"images ({image}) and masks ({mask}) must share a raw or deflate encoding, or "
@@ -86,7 +86,7 @@ def _features(tfds, manifest: Manifest):
     import numpy as np
 
     height, width, channels = manifest.image_shape
-    tensor_encoding = _TENSOR_ENCODINGS.get(manifest.image["encoding"])
+    tensor_encoding = _TENSOR_ENCODINGS.get(manifest.image.encoding)
 
     def pixels(depth: int):
         if tensor_encoding is not None:

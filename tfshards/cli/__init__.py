@@ -1,0 +1,65 @@
+"""The `tfshards` command: argparse subcommands. Results go to stdout, errors to stderr.
+
+Exit codes: 0 success, 1 the job failed, 2 bad usage. The subcommands live in
+``make.py`` (synth, convert, demo) and ``datasets.py`` (verify, inspect,
+export-tfds, cache, bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from tfshards.cli.datasets import add_bench, add_cache, add_export_tfds, add_inspect, add_verify
+from tfshards.cli.make import add_convert, add_demo, add_synth
+from tfshards.errors import OptionsError, TfshardsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfshards",
+        description="Convert image/mask folders into pre-shuffled TFRecord shards and stream "
+        "them into Keras training.",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    add_synth,
+    add_convert,
+    add_demo,
+    add_verify,
+    add_inspect,
+    add_export_tfds,
+    add_cache,
+    add_bench,
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="tfshards: %(levelname)s: %(message)s")
+    try:
+        return args.run(args)
+    except OptionsError as exc:
+        print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except TfshardsError as exc:
+        print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # disk full, permissions, a vanished file...
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"tfshards {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"tfshards {args.command}: interrupted", file=sys.stderr)
+        return 130
