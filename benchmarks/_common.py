@@ -9,10 +9,13 @@ import sys
 
 def peak_rss_of(code: str) -> dict:
     """Run Python code in a fresh process; it prints a JSON dict; add its peak RSS in MiB."""
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child forked from a
+    # large parent would report the parent's peak.
     wrapper = (
         "import json, resource\n"
         + code
-        + "\nself_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        + "\nself_rss = next(int(l.split()[1]) for l in open('/proc/self/status') "
+        "if l.startswith('VmHWM:')) / 1024\n"
         "child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
         "RESULT.update(peak_rss_mib=round(self_rss, 1), peak_child_rss_mib=round(child_rss, 1))\n"
         "print('RESULT ' + json.dumps(RESULT))\n"

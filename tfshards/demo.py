@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tfshards.converters.convert import ConvertOptions, ConvertRun, run_conversion
+from tfshards.wording import counted
 
 
 def run_demo(
@@ -15,7 +16,11 @@ def run_demo(
     """Run the whole round trip and return a printable summary."""
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="tfshards-demo-") as tmp:
-            return run_demo(Path(tmp), count=count, size=size, progress=progress)
+            summary = run_demo(Path(tmp), count=count, size=size, progress=progress)
+        return summary + (
+            f"\n(the working folder {tmp} was temporary and is now deleted; "
+            "pass --workdir DIR to keep the data, shards and cache)"
+        )
     from tfshards.converters.synth import synth
     from tfshards.readers import list_caches, read
 
@@ -33,19 +38,22 @@ def run_demo(
     ]
     for split, info in result.manifest.splits.items():
         lines.append(
-            f"  {split}: {info.records} pairs in {len(info.shards)} shards, "
+            f"  {split}: {counted(info.records, 'pair')} in {counted(len(info.shards), 'shard')}, "
             f"{info.bytes / 2**20:.1f} MiB"
         )
     train = read(workdir / "shards", split="train", batch_size=16, cache=True, seed=0)
+    rates = []
     for epoch in (1, 2):
         started = time.perf_counter()
         seen = sum(int(images.shape[0]) for images, _ in train)
         seconds = time.perf_counter() - started
+        rates.append(seen / seconds)
         source = "streamed and decoded, cache written" if epoch == 1 else "from the disk cache"
         lines.append(
             f"read epoch {epoch}: {seen} pairs in {seconds:.2f} s "
             f"({seen / seconds:.0f} pairs/s, {source})"
         )
+    lines.append(f"epoch 2 (cached) ran {rates[1] / rates[0]:.1f}x as fast as epoch 1")
     images, masks = next(iter(train))
     lines.append(
         f"a batch: images {images.dtype.name} {tuple(images.shape)}, "

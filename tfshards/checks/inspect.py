@@ -15,6 +15,29 @@ from PIL import Image, ImageDraw
 from tfshards.checks.shard_io import shard_examples
 from tfshards.schemas.format import decode_pixels
 from tfshards.schemas.manifest import Manifest
+from tfshards.wording import counted
+
+
+def _class_table(summary: dict[str, Any]) -> list[str]:
+    """Only the classes present; with a mask map, the source values each came from."""
+    total = sum(summary["class_pixels"]) or 1
+    sources: dict[int, list[int]] = {}
+    for source, target in summary["mask"]["mask_map"]:
+        sources.setdefault(target, []).append(source)
+    lines = ["  class  from values  pixels          share   suggested weight"]
+    for index, (count, weight) in enumerate(
+        zip(summary["class_pixels"], summary["class_weights"], strict=True)
+    ):
+        if count:
+            origin = ",".join(str(v) for v in sources.get(index, [index]))
+            lines.append(
+                f"  {index:5d}  {origin:>11s}  {count:14d}  {100 * count / total:6.2f}%  "
+                f"{weight:8.3f}"
+            )
+    absent = sum(1 for count in summary["class_pixels"] if not count)
+    if absent:
+        lines.append(f"  ({counted(absent, 'class', 'classes')} below the largest have no pixels)")
+    return lines
 
 
 def class_weights(class_pixels: list[int]) -> list[float]:
@@ -80,19 +103,15 @@ def summary_text(summary: dict[str, Any]) -> str:
     for name, split in summary["splits"].items():
         sizes = split["shard_bytes"]
         lines.append(
-            f"  {name:5s} {split['records']:8d} pairs in {split['shards']:4d} shards, "
+            f"  {name:5s} {counted(split['records'], 'pair')} in "
+            f"{counted(split['shards'], 'shard')}, "
             f"{split['bytes'] / 2**20:.1f} MiB (shard min/median/max "
             f"{sizes['min'] / 2**20:.1f}/{sizes['median'] / 2**20:.1f}/"
             f"{sizes['max'] / 2**20:.1f} MiB)"
         )
-    total = sum(summary["class_pixels"]) or 1
-    lines.append("  class  pixels          share   suggested weight")
-    for index, (count, weight) in enumerate(
-        zip(summary["class_pixels"], summary["class_weights"], strict=True)
-    ):
-        lines.append(f"  {index:5d}  {count:14d}  {100 * count / total:6.2f}%  {weight:8.3f}")
+    lines += _class_table(summary)
     if summary["skipped"]:
-        lines.append(f"  skipped {len(summary['skipped'])} pairs:")
+        lines.append(f"  skipped {counted(len(summary['skipped']), 'pair')}:")
         lines += [f"    {s['key']}: {s['file']}: {s['reason']}" for s in summary["skipped"][:10]]
     unpaired = {k: v for k, v in summary["unpaired"].items() if v}
     if unpaired:

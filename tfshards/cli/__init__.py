@@ -8,13 +8,58 @@ export-tfds, cache, bench).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 
 from tfshards.cli.datasets import add_bench, add_cache, add_export_tfds, add_inspect, add_verify
 from tfshards.cli.make import add_convert, add_demo, add_synth
 from tfshards.errors import OptionsError, TfshardsError
+
+
+def quiet_tensorflow(*, verbose: bool) -> None:
+    """TensorFlow's C++ log lines (absl, oneDNN, CPU features) only with -v.
+
+    Set before TensorFlow is imported (every subcommand imports it lazily); a level the
+    user set in TF_CPP_MIN_LOG_LEVEL is kept. TensorFlow's Python warnings go through
+    ``logging`` and show with -v.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
+    for name in ("tensorflow", "absl"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.ERROR)
+
+
+def import_tensorflow(*, verbose: bool) -> None:
+    """Import TensorFlow and find its devices with native stderr sent to ``logging`` (debug).
+
+    Some builds log through absl before any level applies (CUDA stubs on a machine
+    without a GPU, cuInit), which no environment variable silences.
+    """
+    if verbose or "tensorflow" in sys.modules:
+        return
+    with _native_stderr_logged():
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()  # device discovery logs here
+
+
+@contextlib.contextmanager
+def _native_stderr_logged():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines():
+                logging.getLogger("tfshards").debug("tensorflow: %s", line)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="tfshards: %(levelname)s: %(message)s")
+    quiet_tensorflow(verbose=args.verbose)
+    if getattr(args, "tensorflow", False):
+        import_tensorflow(verbose=args.verbose)
     try:
         return args.run(args)
     except OptionsError as exc:

@@ -21,7 +21,7 @@ def add_cache(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("action", choices=("list", "clear"), help="list entries, or remove them")
     p.add_argument("dir", help="dataset folder (its .tfshards-cache) or cache folder")
-    p.set_defaults(run=_run_cache)
+    p.set_defaults(run=_run_cache, tensorflow=True)
 
 
 def _run_cache(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def add_export_tfds(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("dir", help="dataset folder (holding tfshards.json)")
     p.add_argument("--name", default="tfshards_dataset", help="TFDS dataset name")
-    p.set_defaults(run=_run_export_tfds)
+    p.set_defaults(run=_run_export_tfds, tensorflow=True)
 
 
 def _run_export_tfds(args: argparse.Namespace) -> int:
@@ -165,7 +165,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="a small grid (2 shard counts, deflate+raw, no compression, cycle 1 and "
         "4, 1 repeat; with --synthetic, at most 300 pairs of 64x64)",
     )
-    p.set_defaults(run=_run_bench)
+    p.set_defaults(run=_run_bench, tensorflow=True)
 
 
 def _run_bench(args: argparse.Namespace) -> int:

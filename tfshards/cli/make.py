@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfshards.errors import OptionsError
+from tfshards.wording import counted
 
 log = logging.getLogger("tfshards")
 
@@ -60,6 +61,12 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         "--mask-map",
         type=_size_arg(parse_mask_map),
         help="remap mask values first, e.g. 0:0,255:1; unmapped values are errors",
+    )
+    g.add_argument(
+        "--binary-masks",
+        action="store_true",
+        help="black/white masks: 0 -> class 0, 255 (or 1) -> class 1, 2 classes; without it "
+        "0/255 masks stop the conversion before anything is written",
     )
     g.add_argument(
         "--channels",
@@ -196,6 +203,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         channels=args.channels,
         num_classes=args.num_classes,
         mask_map=args.mask_map,
+        binary_masks=args.binary_masks,
         resize=args.resize,
         on_error=args.on_error,
         index=args.index,
@@ -229,17 +237,20 @@ def conversion_summary(result) -> str:
     manifest = result.manifest
     total = manifest.total_records
     lines = [
-        f"wrote {result.path}  ({result.shards_written} shards written, "
+        f"wrote {result.path}  ({counted(result.shards_written, 'shard')} written, "
         f"{result.shards_reused} reused, {result.seconds:.1f} s, "
         f"{total / max(result.seconds, 1e-9):.0f} pairs/s)"
     ]
     for name, split in manifest.splits.items():
         lines.append(
-            f"  {name:5s} {split.records:8d} pairs  {len(split.shards):5d} shards  "
+            f"  {name:5s} {counted(split.records, 'pair'):>14s}  "
+            f"{counted(len(split.shards), 'shard'):>12s}  "
             f"{split.bytes / 2**20:10.1f} MiB"
         )
     if manifest.skipped:
-        lines.append(f"  skipped {len(manifest.skipped)} pairs (listed in tfshards.json):")
+        lines.append(
+            f"  skipped {counted(len(manifest.skipped), 'pair')} (listed in tfshards.json):"
+        )
         lines += [f"    {s.key}: {s.file}: {s.reason}" for s in manifest.skipped[:10]]
     unpaired = {k: v for k, v in manifest.unpaired.items() if v}
     if unpaired:
@@ -285,7 +296,7 @@ def _run_synth(args: argparse.Namespace) -> int:
         palette_masks=args.palette_masks,
         channels=1 if args.grayscale else 3,
     )
-    print(f"wrote {args.count} pairs: images in {images}, masks in {masks}")
+    print(f"wrote {counted(args.count, 'pair')}: images in {images}, masks in {masks}")
     return 0
 
 
@@ -303,7 +314,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--count", type=int, default=200, help="pairs to make (default 200)")
     p.add_argument("--size", type=int, default=128, help="image height and width (default 128)")
-    p.set_defaults(run=_run_demo)
+    p.set_defaults(run=_run_demo, tensorflow=True)
 
 
 def _run_demo(args: argparse.Namespace) -> int:

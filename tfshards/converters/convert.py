@@ -18,6 +18,7 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 
+from tfshards.converters.mask_values import check_mask_values, sample_mask_values
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.output import OutputFolder
 from tfshards.converters.pairing import Pair, PairingReport, checked_pairs, pair_files
@@ -132,6 +133,7 @@ def run_conversion(
     pairs = checked_pairs(report, allow_unpaired=run.allow_unpaired, where=str(images))
     for problem in report.problems:
         log.warning("%s (left out: --allow-unpaired)", problem)
+    check_mask_values(sample_mask_values(pairs), options, where=str(masks or images))
     channels = options.channels or image_channels(pairs[0].image)
     options = options.resolved(channels)
     stats = _file_stats(pairs)
@@ -321,6 +323,7 @@ def _manifest(
             records=sum(r.records for r in shard_results),
             bytes=sum(r.bytes for r in shard_results),
             class_pixels=pixels[:classes],
+            mask_values=[value for value, count in enumerate(pixels) if count],
             shards=[ShardInfo(r.file, r.records, r.bytes, r.sha256) for r in shard_results],
         )
     sizes = {size for r in results.values() for size in r.image_sizes}

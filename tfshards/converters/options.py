@@ -19,6 +19,8 @@ from tfshards.schemas.format import (
 DEFAULT_SHARD_SIZE = 128 * 2**20
 COMPRESSION_CHOICES = (AUTO_COMPRESSION, *COMPRESSIONS)
 AUTO_MASK_ENCODING = "auto"
+# --binary-masks: black/white masks as classes 0 and 1 (0/1 masks pass unchanged).
+BINARY_MASK_MAP = ((0, 0), (1, 1), (255, 1))
 ON_ERROR = ("fail", "skip")
 _UNITS = {
     "": 1,
@@ -55,6 +57,7 @@ class ConvertOptions:
     channels: int | None = None
     num_classes: int | None = None
     mask_map: tuple[tuple[int, int], ...] | None = None
+    binary_masks: bool = False
     resize: tuple[int, int] | None = None
     on_error: str = "fail"
     index: bool = False
@@ -90,6 +93,12 @@ class ConvertOptions:
             raise OptionsError(
                 f"num_classes must be 1..256 (masks are stored as uint8), got {self.num_classes}"
             )
+        other_map = self.mask_map not in (None, BINARY_MASK_MAP)
+        if self.binary_masks and (other_map or self.num_classes not in (None, 2)):
+            raise OptionsError(
+                "binary_masks maps 0 -> 0 and 1 or 255 -> 1 with 2 classes; it cannot be "
+                "combined with mask_map or another num_classes"
+            )
         if self.mask_map is not None:
             for source, target in self.mask_map:
                 if not 0 <= source < 2**16 or not 0 <= target < 256:
@@ -119,8 +128,10 @@ class ConvertOptions:
         at twice the time), and a gzip stream over raw pixels reads at about half the speed
         of deflate records, which are inflated in parallel (benchmarks/README.md).
         """
+        binary = {"mask_map": BINARY_MASK_MAP, "num_classes": 2} if self.binary_masks else {}
         return replace(
             self,
+            **binary,
             channels=channels,
             mask_encoding=auto_mask_encoding(self.encoding)
             if self.mask_encoding == AUTO_MASK_ENCODING

@@ -29,6 +29,24 @@ class SplitShards:
         return COMPRESSIONS[self.manifest.compression.type].tf_name
 
 
+def label_problem(manifest: Manifest) -> str | None:
+    """Why the masks would hand a loss labels outside 0..K-1; None when they would not."""
+    values = sorted({v for split in manifest.splits.values() for v in split.mask_values})
+    declared = manifest.mask.num_classes
+    if declared is not None and values and values[-1] >= declared:
+        return (
+            f"the manifest declares {declared} classes but the masks hold the value "
+            f"{values[-1]}; the manifest was edited or damaged: convert again"
+        )
+    if declared is None and 255 in values and set(values) <= {0, 255}:
+        return (
+            "the masks hold the values 0 and 255 (binary masks saved as black and white), "
+            "which a loss would read as class 255; convert again with --binary-masks "
+            "(0 -> class 0, 255 -> class 1)"
+        )
+    return None
+
+
 def split_shards(
     root: str | os.PathLike,
     split: str,
@@ -45,8 +63,12 @@ def split_shards(
     manifest = manifest or Manifest.load(root)
     if split not in manifest.splits:
         raise ManifestError(
-            f"{root}: no split {split!r}; this dataset has {', '.join(manifest.splits)}"
+            f"{root}: no split {split!r}; this dataset has {', '.join(manifest.splits)} "
+            "(convert with --val-fraction or --test-fraction to make val or test splits)"
         )
+    problem = label_problem(manifest)
+    if problem:
+        raise ManifestError(f"{root}: {problem}")
     shards = manifest.splits[split].shards
     index, count = pipeline
     if len(shards) < count:

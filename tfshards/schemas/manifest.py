@@ -13,12 +13,13 @@ Layout (JSON object)::
     options           a record of how the data was made: every ConvertOptions field as
                       resolved (for people and --resume); readers use the sections above
     source            {"images", "masks", "image_pattern", "mask_pattern"}
-    splits            {name: {"records", "bytes", "class_pixels", "shards":
+    splits            {name: {"records", "bytes", "class_pixels", "mask_values", "shards":
                       [{"file", "records", "bytes", "sha256"}]}}
     skipped           [{"key", "file", "reason"}] pairs left out by --on-error skip
     unpaired          {"images", "masks", "duplicate_keys", "ignored_files"} counts
 
-``class_pixels[i]`` counts mask pixels of class i in that split. Shard ``file``
+``class_pixels[i]`` counts mask pixels of class i in that split (after any mask
+map); ``mask_values`` lists the classes present there. Shard ``file``
 names are plain file names inside the dataset folder; anything else is refused.
 The manifest holds no timestamps, so the same inputs give the same bytes.
 """
@@ -108,6 +109,7 @@ class SplitInfo:
     bytes: int
     class_pixels: list[int]
     shards: list[ShardInfo]
+    mask_values: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,10 @@ def _section(kind: type, body: dict[str, Any], name: str):
         raise ManifestError(f"manifest section {name}: {exc}") from exc
 
 
+def _present(class_pixels: list[int]) -> list[int]:
+    return [value for value, pixels in enumerate(class_pixels) if pixels]
+
+
 def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:
     shards = [ShardInfo(**item) for item in raw["shards"]]
     for shard in shards:
@@ -225,6 +231,7 @@ def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:
         records=raw["records"],
         bytes=raw["bytes"],
         class_pixels=list(raw["class_pixels"]),
+        mask_values=list(raw.get("mask_values", _present(raw["class_pixels"]))),
         shards=shards,
     )
 
