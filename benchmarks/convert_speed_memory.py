@@ -25,7 +25,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=500, help="pairs at 1x (default 500)")
     parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
-    parser.add_argument("--encodings", default="keep,raw", help="comma list (default keep,raw)")
+    parser.add_argument(
+        "--encodings", default="deflate,keep,raw", help="comma list (default deflate,keep,raw)"
+    )
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     rows = []
@@ -41,12 +43,16 @@ def main() -> None:
             for encoding in args.encodings.split(","):
                 out = Path(tmp) / f"out{scale}-{encoding}"
                 result = peak_rss_of(
-                    "import time, tfshards\n"
-                    "t = time.perf_counter()\n"
+                    "import resource, time, tfshards\n"
+                    "def cpu():  # this process and its (finished) worker processes\n"
+                    "    own, kids = (resource.getrusage(w) for w in "
+                    "(resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
+                    "    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime\n"
+                    "t, c = time.perf_counter(), cpu()\n"
                     f"m = tfshards.convert({str(data / 'images')!r}, {str(data / 'masks')!r}, "
                     f"{str(out)!r}, encoding={encoding!r}, workers={args.workers}, "
                     "progress=False)\n"
-                    "RESULT = {'seconds': time.perf_counter() - t, "
+                    "RESULT = {'seconds': time.perf_counter() - t, 'cpu': cpu() - c, "
                     "'shard_bytes': sum(s.bytes for sp in m.splits.values() for s in sp.shards)}"
                 )
                 rows.append(
@@ -56,6 +62,7 @@ def main() -> None:
                         "encoding": encoding,
                         "convert_s": round(result["seconds"], 2),
                         "pairs_per_s": round(args.count * scale / result["seconds"]),
+                        "cpu_ms_per_pair": round(1000 * result["cpu"] / (args.count * scale), 2),
                         "cp_r_s": round(copy_seconds, 2),
                         "time_vs_cp_r": round(result["seconds"] / copy_seconds, 1),
                         "source_MiB": round(source_bytes / 2**20, 1),

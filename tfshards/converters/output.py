@@ -80,6 +80,12 @@ class OutputFolder:
             complete = self._resumable(fingerprint)
             if complete is not None:
                 return complete
+        elif existing and self._unfinished_only(existing):  # a failed or killed conversion
+            if self._same_job(fingerprint):
+                log.info("%s: finishing the unfinished conversion of the same inputs", self.path)
+            else:
+                log.info("%s: replacing the files of an unfinished conversion", self.path)
+                self._remove_own_files()
         elif existing:
             raise OutputError(
                 f"{self.path} is not empty ({len(existing)} entries, e.g. {existing[0].name}); "
@@ -90,6 +96,14 @@ class OutputFolder:
         (self.work / JOURNAL_DONE).mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.work / JOURNAL_JOB, {"fingerprint": fingerprint})
         return self._completed()
+
+    def _unfinished_only(self, entries: list[Path]) -> bool:
+        """No manifest, and nothing but what a conversion writes while it runs."""
+        return all(p.name == WORK_NAME or OWN_FILE.match(p.name) for p in entries)
+
+    def _same_job(self, fingerprint: str) -> bool:
+        job = self.work / JOURNAL_JOB
+        return job.exists() and json.loads(job.read_text())["fingerprint"] == fingerprint
 
     def _resumable(self, fingerprint: str) -> Manifest | None:
         manifest_path = self.path / MANIFEST_NAME
@@ -102,7 +116,7 @@ class OutputFolder:
                 "pass --overwrite to replace it"
             )
         job = self.work / JOURNAL_JOB
-        if job.exists() and json.loads(job.read_text())["fingerprint"] != fingerprint:
+        if job.exists() and not self._same_job(fingerprint):
             raise OutputError(
                 f"{self.path}: the inputs or options changed since the interrupted conversion "
                 "(files added, removed or modified, or different options), so its shards cannot "
@@ -126,8 +140,11 @@ class OutputFolder:
         write_json_atomic(journal_entry(self.path, result.file), asdict(result))
 
     def publish(self, manifest: Manifest) -> None:
+        """The manifest, then no work folder and no lock file: a finished folder holds only
+        the shards, the manifest and the files asked for."""
         manifest.save(self.path)
         shutil.rmtree(self.work, ignore_errors=True)
+        (self.path / LOCK_NAME).unlink(missing_ok=True)  # still held until __exit__
 
     def _remove_own_files(self) -> None:
         # The manifest goes first: from then on the folder never claims completeness.

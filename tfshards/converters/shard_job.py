@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from tfshards.converters.options import ConvertOptions
+from tfshards.converters.pairing import Pair
 from tfshards.converters.planning import ShardSpec
-from tfshards.converters.validation import prepare_pair
+from tfshards.converters.validation import PreparedPair, pair_stage, prepare_pair
 from tfshards.converters.writer import ShardWriter
 from tfshards.errors import PairError
 from tfshards.schemas.format import image_encoding, mask_encoding
@@ -43,8 +44,6 @@ def write_shard(
     out_dir: Path,
     progress: ProgressCallback | None = None,
 ) -> ShardResult:
-    encode_image = image_encoding(options.encoding).encode
-    encode_mask = mask_encoding(options.mask_encoding).encode
     class_pixels = np.zeros(256, dtype=np.int64)
     sizes: list[tuple[int, int]] = []
     skipped: list[SkippedPair] = []
@@ -56,31 +55,17 @@ def write_shard(
     ) as writer:
         for pair in spec.pairs:
             try:
-                prepared = prepare_pair(pair, options, channels)
+                prepared, record = _encoded(pair, options, channels)
             except PairError as exc:
                 if options.on_error == "fail":
                     raise
                 skipped.append(SkippedPair(exc.key, exc.path, exc.reason))
                 _report(progress, 0)
                 continue
-            height, width = prepared.mask.shape
-            image_bytes, image_format = encode_image(prepared.image, prepared.image_source)
-            mask_bytes, mask_format = encode_mask(prepared.mask, prepared.mask_source)
-            writer.write(
-                EncodedPair(
-                    prepared.key,
-                    image_bytes,
-                    image_format,
-                    height,
-                    width,
-                    channels,
-                    mask_bytes,
-                    mask_format,
-                ).to_example()
-            )
+            writer.write(record)
             class_pixels += np.bincount(prepared.mask.ravel(), minlength=256)
-            if (height, width) not in sizes and len(sizes) < 2:
-                sizes.append((height, width))
+            if prepared.mask.shape not in sizes and len(sizes) < 2:
+                sizes.append(prepared.mask.shape)
             source_bytes = len(prepared.image_source.data) + len(prepared.mask_source.data)
             _report(progress, source_bytes)
     return ShardResult(
@@ -93,6 +78,24 @@ def write_shard(
         image_sizes=sizes,
         skipped=skipped,
     )
+
+
+def _encoded(pair: Pair, options: ConvertOptions, channels: int) -> tuple[PreparedPair, bytes]:
+    """Decode, check and encode one pair into a record; PairError for anything wrong."""
+    prepared = prepare_pair(pair, options, channels)
+    with pair_stage(pair, pair.image, "image"):
+        image, image_format = image_encoding(options.encoding).encode(
+            prepared.image, prepared.image_source
+        )
+    with pair_stage(pair, pair.mask, "mask"):
+        mask, mask_format = mask_encoding(options.mask_encoding).encode(
+            prepared.mask, prepared.mask_source
+        )
+    height, width = prepared.mask.shape
+    record = EncodedPair(
+        prepared.key, image, image_format, height, width, channels, mask, mask_format
+    )
+    return prepared, record.to_example()
 
 
 def _report(progress: ProgressCallback | None, source_bytes: int) -> None:

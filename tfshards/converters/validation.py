@@ -6,14 +6,27 @@ Choices, documented once here:
   stored as an image viewer shows them; sizes are compared after it.
 - Images become 1 (L), 3 (RGB) or 4 (RGBA) channels; 16-bit and float images
   are refused (tfshards stores 8-bit images).
-- Masks must hold class indices in one channel: L, P (palette indices, never
-  the palette colours), 1-bit, 16-bit (values must fit in 0..255), or RGB/RGBA
-  whose colour channels are all equal. Colour-coded RGB masks are refused.
+- Images in any other Pillow mode (P, PA, LA, CMYK, YCbCr, LAB, HSV, RGBX, RGBa,
+  La, ...) are converted by Pillow's own converters, through RGB(A) when there
+  is no direct one; a mode Pillow cannot convert is refused with its name.
+- Masks must hold class indices in one channel: L, P or PA (palette indices,
+  never the palette colours, except a palette of gray levels in another order,
+  as GIF writers make of grayscale masks: then the gray levels), LA (the L
+  channel), 1-bit, 16-bit (values must fit in 0..255), or RGB/RGBA/RGBX whose
+  colour channels are all equal. Colour-coded
+  RGB masks and colour-space masks (CMYK, YCbCr, LAB, HSV) are refused.
+- Any other failure while reading, decoding, orienting or converting one file
+  (whatever Pillow, NumPy or the OS raised) becomes a per-pair error naming the
+  key, the file and the original exception; only MemoryError and interrupts end
+  the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import signal
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +43,22 @@ _EXIF_ORIENTATION = 0x0112
 _GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 _CHANNEL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _HIGH_DEPTH_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+# A decoder that spins on a crafted file fails its pair after this long (main thread only:
+# SIGALRM; conversion workers are processes, so their decoding runs there).
+DECODE_SECONDS = 60
+_COLOUR_SPACE_MODES = frozenset({"CMYK", "YCbCr", "LAB", "HSV"})
+_EQUAL_CHANNEL_MODES = frozenset({"RGB", "RGBA", "RGBX", "RGBa"})
+
+
+@contextlib.contextmanager
+def pair_stage(pair: Pair, path: Path, field: str):
+    """Turn any failure on one file into a PairError naming the key, file and cause."""
+    try:
+        yield
+    except (PairError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever Pillow, NumPy or the OS raised
+        raise PairError(pair.key, str(path), field, f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -51,8 +80,10 @@ def image_channels(path: Path) -> int:
 
 
 def prepare_pair(pair: Pair, options: ConvertOptions, channels: int) -> PreparedPair:
-    image, image_data, image_format, image_rotated = _open(pair, pair.image, "image")
-    mask, mask_data, mask_format, mask_rotated = _open(pair, pair.mask, "mask")
+    with pair_stage(pair, pair.image, "image"):
+        image, image_data, image_format, image_rotated = _open(pair, pair.image, "image")
+    with pair_stage(pair, pair.mask, "mask"):
+        mask, mask_data, mask_format, mask_rotated = _open(pair, pair.mask, "mask")
     if image.size != mask.size:
         raise PairError(
             pair.key,
@@ -61,10 +92,13 @@ def prepare_pair(pair: Pair, options: ConvertOptions, channels: int) -> Prepared
             f"mask is {mask.height}x{mask.width} (HxW) but image {pair.image} is "
             f"{image.height}x{image.width}",
         )
-    image_pixels, image_changed = _image_pixels(pair, image, channels)
-    mask_pixels, mask_changed = _mask_pixels(pair, mask, options)
+    with pair_stage(pair, pair.image, "image"):
+        image_pixels, image_changed = _image_pixels(pair, image, channels)
+    with pair_stage(pair, pair.mask, "mask"):
+        mask_pixels, mask_changed = _mask_pixels(pair, mask, options)
     if options.resize is not None:
-        image_pixels, mask_pixels = _resized(image_pixels, mask_pixels, options.resize)
+        with pair_stage(pair, pair.image, "image"):
+            image_pixels, mask_pixels = _resized(image_pixels, mask_pixels, options.resize)
     resized = options.resize is not None and options.resize != (image.height, image.width)
     return PreparedPair(
         key=pair.key,
@@ -96,19 +130,48 @@ def _open(pair: Pair, path: Path, field: str) -> tuple[Image.Image, bytes, str, 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            image.load()
+            # Pillow warns, and goes on, on truncated TIFF strips and corrupt EXIF: refused.
+            warnings.simplefilter("error", UserWarning)
+            with _time_limit(DECODE_SECONDS):
+                image = Image.open(io.BytesIO(data))
+                image.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise fail(f"over Pillow's decompression-bomb limit ({exc})", exc) from exc
     except UnidentifiedImageError as exc:
         raise fail("not an image file Pillow can decode", exc) from exc
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise fail(f"corrupt or truncated image ({exc})", exc) from exc
+    except _DecodeTimeout as exc:
+        raise fail(f"took over {DECODE_SECONDS} s to decode; refused", exc) from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is this pair's error
+        raise fail(f"corrupt or truncated image ({type(exc).__name__}: {exc})", exc) from exc
     image_format = (image.format or "").lower()
     rotated = image.getexif().get(_EXIF_ORIENTATION, 1) not in (1, None)
     if rotated:
         image = ImageOps.exif_transpose(image)
     return image, data, image_format, rotated
+
+
+class _DecodeTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _DecodeTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _image_pixels(pair: Pair, image: Image.Image, channels: int) -> tuple[np.ndarray, bool]:
@@ -122,20 +185,46 @@ def _image_pixels(pair: Pair, image: Image.Image, channels: int) -> tuple[np.nda
     target = _CHANNEL_MODES[channels]
     changed = image.mode != target
     if changed:
-        image = image.convert(target)
+        image = _converted(pair, image, target)
     pixels = np.asarray(image, dtype=np.uint8)
     return pixels.reshape(pixels.shape[0], pixels.shape[1], channels), changed
+
+
+def _converted(pair: Pair, image: Image.Image, target: str) -> Image.Image:
+    """Pillow's converter, through RGBA or RGB where it has no direct one (LAB -> L)."""
+    for route in ((), ("RGBA",), ("RGB",)):
+        try:
+            converted = image
+            for mode in (*route, target):
+                converted = converted.convert(mode)
+            return converted
+        except ValueError:
+            continue
+    raise PairError(
+        pair.key,
+        str(pair.image),
+        "image",
+        f"Pillow cannot convert {image.mode} images to {target}; save them as RGB or grayscale",
+    )
 
 
 def _mask_pixels(pair: Pair, mask: Image.Image, options: ConvertOptions) -> tuple[np.ndarray, bool]:
     def fail(reason: str) -> PairError:
         return PairError(pair.key, str(pair.mask), "mask", reason)
 
+    if mask.mode in _COLOUR_SPACE_MODES or mask.mode == "La":
+        raise fail(
+            f"{mask.mode} masks cannot hold class indices (colour-space or premultiplied "
+            "values); save masks as grayscale or palette PNGs"
+        )
+    if mask.mode in ("P", "PA") and _gray_palette_of_other_values(mask):
+        mask = mask.convert("L")  # a grayscale mask saved as GIF: the gray levels are the classes
     values = np.asarray(mask)
     changed = mask.mode != "L"
     if values.ndim == 3:
-        colour = values[:, :, :3] if mask.mode in ("RGB", "RGBA") else values[:, :, :1]
-        if mask.mode in ("RGB", "RGBA") and not (
+        equal_channels = mask.mode in _EQUAL_CHANNEL_MODES
+        colour = values[:, :, :3] if equal_channels else values[:, :, :1]
+        if equal_channels and not (
             np.array_equal(colour[:, :, 0], colour[:, :, 1])
             and np.array_equal(colour[:, :, 0], colour[:, :, 2])
         ):
@@ -162,6 +251,21 @@ def _mask_pixels(pair: Pair, mask: Image.Image, options: ConvertOptions) -> tupl
             f"({count} pixels); remap values with --mask-map, e.g. 0:0,255:1"
         )
     return values.astype(np.uint8, copy=False), changed
+
+
+def _gray_palette_of_other_values(mask: Image.Image) -> bool:
+    """True when every used palette colour is a gray level and some differ from their index.
+
+    Palette masks (VOC style) store classes as indices with colourful palettes; a
+    grayscale mask written by a palette-only format (GIF) gets a gray palette in
+    arbitrary order, and then the gray levels are what the author meant.
+    """
+    palette = mask.getpalette() or []
+    used = np.unique(np.asarray(mask)[..., 0] if mask.mode == "PA" else np.asarray(mask))
+    colours = [tuple(palette[3 * i : 3 * i + 3]) for i in used]
+    if not colours or any(len(c) < 3 or not c[0] == c[1] == c[2] for c in colours):
+        return False
+    return any(c[0] != i for c, i in zip(colours, used, strict=True))
 
 
 def _remapped(values: np.ndarray, mask_map, fail) -> np.ndarray:
