@@ -14,7 +14,8 @@ Bounds (no shuffle, no cache, the least work that yields the same output):
   bare TFRecordDataset over the raw shards (bytes only); raw read+decode[+cast];
   deflate read+inflate[+cast]; the built disk cache read[+cast].
 tfshards rows: the README path (default conversion, cache=True, float32): first epoch
-(a fresh cache each pass) and warm epochs (uint8 / float32); raw and deflate streams
+(a fresh cache each pass) and warm epochs (uint8 / float32, and float32 through a Keras
+flip + rotation + zoom chain); raw and deflate streams
 (uint8 / float32); keep (PNG here), jpeg and raw+gzip streams (float32).
 Then bytes on disk per encoding, the speed-up from 1 core to 2 (child processes pinned
 with os.sched_setaffinity before TensorFlow starts), and peak RSS at 1x and 4x the data.
@@ -105,6 +106,9 @@ def datasets(tmp: Path, name: str):
     read = {
         "warm_uint8": lambda: tfshards.read(tmp / "deflate", cache=cache, image_dtype="uint8"),
         "warm_float32": lambda: tfshards.read(tmp / "deflate", cache=cache),
+        "warm_float32_keras_augment": lambda: tfshards.read(
+            tmp / "deflate", cache=cache, augment=augmentation()
+        ),
         "bound_cache_uint8": lambda: cache_bound_pipeline(_entry(cache), cast=False),
         "bound_cache_float32": lambda: cache_bound_pipeline(_entry(cache), cast=True),
         "ceiling_tfrecord_raw": lambda: ceiling_pipeline(tmp / "raw"),
@@ -121,6 +125,19 @@ def datasets(tmp: Path, name: str):
         "raw_gzip_stream_float32": lambda: tfshards.read(tmp / "raw_gzip"),
     }
     return read[name]()
+
+
+def augmentation():
+    """A typical chain: flip + rotation + zoom, Keras 3 layers on image/mask batches."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.layers.RandomFlip("horizontal", seed=0),
+            keras.layers.RandomRotation(0.1, fill_mode="constant", seed=0),
+            keras.layers.RandomZoom(0.2, fill_mode="constant", seed=0),
+        ]
+    )
 
 
 def _entry(cache: Path) -> Path:
@@ -145,6 +162,7 @@ def measure_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
         "bound_cache_uint8",
         "warm_float32",
         "bound_cache_float32",
+        "warm_float32_keras_augment",
         "ceiling_tfrecord_raw",
         "bound_raw_uint8",
         "raw_stream_uint8",

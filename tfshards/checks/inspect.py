@@ -34,6 +34,10 @@ def _class_table(summary: dict[str, Any]) -> list[str]:
                 f"  {index:5d}  {origin:>11s}  {count:14d}  {100 * count / total:6.2f}%  "
                 f"{weight:8.3f}"
             )
+    ignore = summary["mask"]["ignore_label"]
+    if ignore is not None:
+        ignored = summary["ignored_pixels"]
+        lines.append(f"  ignored (value {ignore}): {ignored} pixels, left out of the loss")
     absent = sum(1 for count in summary["class_pixels"] if not count)
     if absent:
         lines.append(f"  ({counted(absent, 'class', 'classes')} below the largest have no pixels)")
@@ -79,6 +83,7 @@ def dataset_summary(path: str | os.PathLike) -> dict[str, Any]:
         "skipped": [vars(s) for s in manifest.skipped],
         "unpaired": manifest.unpaired,
         "class_pixels": pixels_total,
+        "ignored_pixels": sum(split.ignored_pixels for split in manifest.splits.values()),
         "class_weights": class_weights(pixels_total),
     }
 

@@ -17,12 +17,10 @@ import os
 from pathlib import Path
 
 from tfshards.errors import OptionsError
-from tfshards.schemas.format import TFDS_FILES
+from tfshards.schemas.format import ENCODINGS, TFDS_FILES
 from tfshards.schemas.manifest import Manifest
 
 TFDS_FILE_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
-# tfshards encodings that TFDS reads as a Tensor feature, by the name of its tensor encoding.
-_TENSOR_ENCODINGS = {"raw": "BYTES", "deflate": "ZLIB"}
 
 
 def tfds_problems(manifest: Manifest) -> list[str]:
@@ -38,7 +36,8 @@ def tfds_problems(manifest: Manifest) -> list[str]:
             "records differ in size; TFDS features need one shape (convert with --resize HxW)"
         )
     image, mask = manifest.image.encoding, manifest.mask.encoding
-    if (image in _TENSOR_ENCODINGS or mask in _TENSOR_ENCODINGS) and image != mask:
+    tensors = [ENCODINGS[name].tfds_tensor for name in (image, mask)]
+    if any(tensors) and image != mask:
         problems.append(
             f"images ({image}) and masks ({mask}) must share a raw or deflate encoding, or "
             "both be PNG/JPEG, for TFDS"
@@ -86,7 +85,7 @@ def _features(tfds, manifest: Manifest):
     import numpy as np
 
     height, width, channels = manifest.image_shape
-    tensor_encoding = _TENSOR_ENCODINGS.get(manifest.image.encoding)
+    tensor_encoding = ENCODINGS[manifest.image.encoding].tfds_tensor
 
     def pixels(depth: int):
         if tensor_encoding is not None:

@@ -116,10 +116,11 @@ def _check_records(
 ) -> None:
     compression = manifest.compression.type
     num_classes = manifest.mask.num_classes
+    ignore = manifest.mask.ignore_label
     found = 0
     try:
         for found, features in enumerate(shard_examples(path, compression), start=1):
-            problem = _record_problem(features, num_classes)
+            problem = _record_problem(features, num_classes, ignore)
             key = features.get("key")
             if problem is None and key in keys:
                 problem = f"key {key!r} also in {keys[key]}"
@@ -135,7 +136,7 @@ def _check_records(
         check.problems.append(f"{found} records, manifest says {check.records_expected}")
 
 
-def _record_problem(features: dict, num_classes: int | None) -> str | None:
+def _record_problem(features: dict, num_classes: int | None, ignore: int | None) -> str | None:
     missing = [f.name for f in FIELDS if f.name not in features or features[f.name] is None]
     if missing:
         return f"missing features {missing}"
@@ -156,6 +157,7 @@ def _record_problem(features: dict, num_classes: int | None) -> str | None:
         )
     except (ValueError, OSError, KeyError) as exc:
         return f"mask does not decode: {exc}"
-    if num_classes is not None and int(np.max(mask)) >= num_classes:
-        return f"mask value {int(np.max(mask))} is not below num_classes {num_classes}"
+    labelled = mask if ignore is None else mask[mask != ignore]
+    if num_classes is not None and labelled.size and int(np.max(labelled)) >= num_classes:
+        return f"mask value {int(np.max(labelled))} is not below num_classes {num_classes}"
     return None

@@ -63,6 +63,13 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         help="remap mask values first, e.g. 0:0,255:1; unmapped values are errors",
     )
     g.add_argument(
+        "--ignore-label",
+        type=int,
+        metavar="VALUE",
+        help="mask value of pixels to leave out of the loss (e.g. 255 in VOC-style masks): "
+        "kept out of --num-classes checks and class counts, stored in the manifest",
+    )
+    g.add_argument(
         "--binary-masks",
         action="store_true",
         help="black/white masks: 0 -> class 0, 255 (or 1) -> class 1, 2 classes; without it "
@@ -204,6 +211,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         num_classes=args.num_classes,
         mask_map=args.mask_map,
         binary_masks=args.binary_masks,
+        ignore_label=args.ignore_label,
         resize=args.resize,
         on_error=args.on_error,
         index=args.index,

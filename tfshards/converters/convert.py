@@ -316,6 +316,9 @@ def _manifest(
         pixels = [
             sum(column) for column in zip(*(r.class_pixels for r in shard_results), strict=True)
         ]
+        ignored = pixels[options.ignore_label] if options.ignore_label is not None else 0
+        if options.ignore_label is not None:  # kept out of the class histogram and values
+            pixels[options.ignore_label] = 0
         classes = options.num_classes or (
             max(i for i, n in enumerate(pixels) if n) + 1 if any(pixels) else 1
         )
@@ -324,6 +327,7 @@ def _manifest(
             bytes=sum(r.bytes for r in shard_results),
             class_pixels=pixels[:classes],
             mask_values=[value for value, count in enumerate(pixels) if count],
+            ignored_pixels=ignored,
             shards=[ShardInfo(r.file, r.records, r.bytes, r.sha256) for r in shard_results],
         )
     sizes = {size for r in results.values() for size in r.image_sizes}
@@ -334,6 +338,7 @@ def _manifest(
             options.mask_encoding,
             options.num_classes,
             [list(entry) for entry in options.mask_map or ()],
+            options.ignore_label,
         ),
         compression=CompressionInfo(options.compression, options.compression_level),
         seed=options.seed,

@@ -46,6 +46,7 @@ def check_mask_values(values: set[int], options: ConvertOptions, where: str) -> 
     """Stop on 0/255 binary masks no option accounts for; warn on other gaps."""
     if options.binary_masks or options.mask_map is not None or options.num_classes is not None:
         return  # the user said what the values mean
+    values = values - {options.ignore_label}
     if not values:
         return
     if values <= {0, 255} and 255 in values:

@@ -58,6 +58,7 @@ class ConvertOptions:
     num_classes: int | None = None
     mask_map: tuple[tuple[int, int], ...] | None = None
     binary_masks: bool = False
+    ignore_label: int | None = None
     resize: tuple[int, int] | None = None
     on_error: str = "fail"
     index: bool = False
@@ -87,8 +88,12 @@ class ConvertOptions:
             )
         if self.channels not in (None, 1, 3, 4):
             raise OptionsError(f"channels must be 1, 3 or 4 (or None: auto), got {self.channels}")
-        if self.channels == 4 and self.encoding == "jpeg":
-            raise OptionsError("JPEG cannot store 4 channels (RGBA); use png or raw")
+        allowed = image_encoding(self.encoding).channels
+        if self.channels is not None and self.channels not in allowed:
+            raise OptionsError(
+                f"encoding {self.encoding!r} cannot store {self.channels} channels; "
+                f"it stores {', '.join(map(str, allowed))}"
+            )
         if self.num_classes is not None and not 1 <= self.num_classes <= 256:
             raise OptionsError(
                 f"num_classes must be 1..256 (masks are stored as uint8), got {self.num_classes}"
@@ -99,6 +104,8 @@ class ConvertOptions:
                 "binary_masks maps 0 -> 0 and 1 or 255 -> 1 with 2 classes; it cannot be "
                 "combined with mask_map or another num_classes"
             )
+        if self.ignore_label is not None and not 0 <= self.ignore_label <= 255:
+            raise OptionsError(f"ignore_label must be 0..255, got {self.ignore_label}")
         if self.mask_map is not None:
             for source, target in self.mask_map:
                 if not 0 <= source < 2**16 or not 0 <= target < 256:

@@ -243,9 +243,10 @@ def _mask_pixels(pair: Pair, mask: Image.Image, options: ConvertOptions) -> tupl
             f"mask value {int(values.max())} does not fit in 0..255 ({mask.mode} mask); "
             "tfshards stores class indices as uint8; remap them with --mask-map"
         )
-    if options.num_classes is not None and values.size and values.max() >= options.num_classes:
-        high = int(values.max())
-        count = int((values >= options.num_classes).sum())
+    labelled = values if options.ignore_label is None else values[values != options.ignore_label]
+    if options.num_classes is not None and labelled.size and labelled.max() >= options.num_classes:
+        high = int(labelled.max())
+        count = int((labelled >= options.num_classes).sum())
         raise fail(
             f"mask value {high} is not below --num-classes {options.num_classes} "
             f"({count} pixels); remap values with --mask-map, e.g. 0:0,255:1"

@@ -44,6 +44,7 @@ CACHE_FORMAT = 2
 INFO_FILE = "info.json"
 READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"
+SHAPE_BYTES = 8  # (height, width) as little-endian int32, per record of a variable-size cache
 # Part files, read at once in a new order each epoch: with the shuffle buffer they mix
 # the records of a cached epoch.
 CACHE_PARTS = 16
@@ -69,12 +70,21 @@ class CacheLayout:
     """Where one entry's files are, and the byte size of its records."""
 
     entry: Path
-    shape: tuple[int, int, int]
+    shape: tuple[int | None, int | None, int]  # (None, None, C): records of many sizes
     records: int
 
     @property
     def ready(self) -> Path:
         return self.entry / READY_DIR
+
+    @property
+    def variable(self) -> bool:
+        """Records of many sizes: parts hold TFRecord-framed pixels and a .shape file of
+        (height, width) int32 pairs, instead of fixed-size records."""
+        return self.shape[0] is None
+
+    def kinds(self) -> tuple[str, ...]:
+        return ("image", "mask", "shape") if self.variable else ("image", "mask")
 
     @property
     def image_bytes(self) -> int:
@@ -87,16 +97,25 @@ class CacheLayout:
     def part(self, folder: Path, index: int, what: str) -> Path:
         return folder / f"part-{index:05d}.{what}"
 
-    def expected_sizes(self, index: int) -> tuple[int, int]:
-        count = len(range(index, self.records, CACHE_PARTS))
-        return count * self.image_bytes, count * self.mask_bytes
+    def count(self, index: int) -> int:
+        return len(range(index, self.records, CACHE_PARTS))
+
+    def expected_size(self, index: int, what: str) -> int | None:
+        """Bytes of one part file; None where sizes vary (checked through the .shape file)."""
+        if what == "shape":
+            return self.count(index) * SHAPE_BYTES
+        if self.variable:
+            return None
+        per_record = self.image_bytes if what == "image" else self.mask_bytes
+        return self.count(index) * per_record
 
     def is_ready(self) -> bool:
         """True when the ready folder holds every part at its full size."""
         for index in range(CACHE_PARTS):
-            for what, size in zip(("image", "mask"), self.expected_sizes(index), strict=True):
+            for what in self.kinds():
                 path = self.part(self.ready, index, what)
-                if not path.is_file() or path.stat().st_size != size:
+                size = self.expected_size(index, what)
+                if not path.is_file() or (size is not None and path.stat().st_size != size):
                     return False
         return True
 

@@ -16,14 +16,17 @@ import threading
 import uuid
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from tfshards.readers.cache import (
     BUILDING_PREFIX,
     CACHE_PARTS,
     READ_BUFFER_BYTES,
+    SHAPE_BYTES,
     CacheLayout,
 )
+from tfshards.schemas.tfrecord import frame_record
 
 _FILE_BUFFER = 2**20
 log = logging.getLogger("tfshards")
@@ -53,13 +56,20 @@ class CacheBuilder:
             elif self._folder is None or index != self._next:
                 self._abandon()
                 return False
-            image_file, mask_file = self._files[index % CACHE_PARTS]
-            image_file.write(image.numpy().data)
-            mask_file.write(mask.numpy().data)
+            self._append(self._files[index % CACHE_PARTS], image.numpy(), mask.numpy())
             self._next = index + 1
             if self._next == self.layout.records:
                 self._publish()
         return True
+
+    def _append(self, files, image: np.ndarray, mask: np.ndarray) -> None:
+        if not self.layout.variable:
+            files[0].write(image.data)
+            files[1].write(mask.data)
+            return
+        files[0].write(frame_record(image.tobytes()))
+        files[1].write(frame_record(mask.tobytes()))
+        files[2].write(np.array(image.shape[:2], "<i4").tobytes())
 
     def _start(self) -> None:
         name = f"{BUILDING_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -68,7 +78,7 @@ class CacheBuilder:
         self._files = [
             tuple(
                 open(self.layout.part(self._folder, k, what), "wb", buffering=_FILE_BUFFER)  # noqa: SIM115
-                for what in ("image", "mask")
+                for what in self.layout.kinds()
             )
             for k in range(CACHE_PARTS)
         ]
@@ -125,6 +135,54 @@ def disk_cached_pairs(
 
 
 def read_parts(layout: CacheLayout, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
+    """The published part files as uint8 pairs; in record order unless ``shuffle``."""
+    if layout.variable:
+        return _read_variable_parts(layout, shuffle=shuffle, seed=seed)
+    return _read_fixed_parts(layout, shuffle=shuffle, seed=seed)
+
+
+def _read_variable_parts(
+    layout: CacheLayout, *, shuffle: bool, seed: int | None
+) -> tf.data.Dataset:
+    """Records of many sizes: TFRecord-framed pixels, their sizes in the .shape parts."""
+    channels = layout.shape[2]
+    parts = tf.data.Dataset.from_tensor_slices(
+        tuple(
+            [str(layout.part(layout.ready, k, what)) for k in range(CACHE_PARTS)]
+            for what in layout.kinds()
+        )
+    )
+    if shuffle:
+        parts = parts.shuffle(CACHE_PARTS, seed=seed, reshuffle_each_iteration=True)
+
+    def decode(image, mask, size):
+        height_width = tf.ensure_shape(tf.io.decode_raw(size, tf.int32), [2])
+        image = tf.reshape(
+            tf.io.decode_raw(image, tf.uint8), tf.concat([height_width, [channels]], 0)
+        )
+        mask = tf.reshape(tf.io.decode_raw(mask, tf.uint8), tf.concat([height_width, [1]], 0))
+        return (
+            tf.ensure_shape(image, (None, None, channels)),
+            tf.ensure_shape(mask, (None, None, 1)),
+        )
+
+    def part_pairs(image_file, mask_file, shape_file) -> tf.data.Dataset:
+        return tf.data.Dataset.zip(
+            tf.data.TFRecordDataset(image_file, buffer_size=READ_BUFFER_BYTES),
+            tf.data.TFRecordDataset(mask_file, buffer_size=READ_BUFFER_BYTES),
+            tf.data.FixedLengthRecordDataset(shape_file, SHAPE_BYTES),
+        ).map(decode)
+
+    return parts.interleave(
+        part_pairs,
+        cycle_length=CACHE_PARTS,
+        block_length=1,
+        num_parallel_calls=CACHE_PARTS,
+        deterministic=not shuffle or seed is not None,
+    )
+
+
+def _read_fixed_parts(layout: CacheLayout, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
     """The published part files as uint8 pairs; in record order unless ``shuffle``.
 
     Shuffled, each epoch reads the parts in a new order, each one rotated to start

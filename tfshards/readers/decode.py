@@ -26,7 +26,7 @@ _SIZE = ("image/height", "image/width")
 class PairDecoder:
     """Serialized records -> uint8 (image, mask) of ``shape``, following the manifest."""
 
-    shape: tuple[int, int, int]
+    shape: tuple[int | None, int | None, int]  # (None, None, C): each record's own size
     stored: tuple[int, int, int] | None
     image: Encoding
     mask: Encoding
@@ -50,7 +50,8 @@ class PairDecoder:
         h, w = features["image/height"], features["image/width"]
         image = self.image.tf_decode(features["image/encoded"], h, w, channels)
         mask = self.mask.tf_decode(features["mask/encoded"], h, w, 1)
-        if self.stored is None or self.stored[:2] != (height, width):
+        resize = height is not None and (self.stored is None or self.stored[:2] != (height, width))
+        if resize:  # else each record keeps its own size (height and width are None)
             image = tf.image.resize(image, (height, width), method="bilinear", antialias=True)
             image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
             mask = tf.image.resize(mask, (height, width), method="nearest")
@@ -127,18 +128,51 @@ def finisher(
 ) -> Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
     """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot."""
     classes = _num_classes(shards) if one_hot else 0
+    ignore = shards.manifest.mask.ignore_label
 
     def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        if image_dtype == "float32":
+        if image_dtype == "float32" and image.dtype == tf.uint8:
             image = to_float_image(image)
         mask = tf.cast(mask, tf.int32)
         if augment is not None:
             image, mask = augment(image, mask)
-        if one_hot:
-            mask = tf.one_hot(mask[..., 0], classes, dtype=tf.float32)
+        if one_hot:  # ignored pixels: all-zero vectors (tf.one_hot does so above the depth)
+            labels = mask[..., 0]
+            mask = tf.one_hot(labels, classes, dtype=tf.float32)
+            if ignore is not None and ignore < classes:
+                mask *= tf.cast(labels != ignore, tf.float32)[..., None]
         return image, mask
 
     return finish
+
+
+def is_keras_layer(augment) -> bool:
+    """A Keras 3 layer (or Sequential of them): applied to whole batches, image and mask."""
+    if augment is None or "keras" not in type(augment).__module__.split(".")[0]:
+        return False
+    import keras
+
+    return isinstance(augment, keras.layers.Layer)
+
+
+def layer_augmenter(layer, shards: SplitShards, one_hot: bool):
+    """Finished batches -> the same through a Keras augmentation layer, then one-hot.
+
+    Keras 3 augmentation layers transform ``segmentation_masks`` with the images
+    (flips, rotations, zooms, crops; masks with nearest-neighbour interpolation)
+    and leave masks alone for photometric changes.
+    """
+    one_hot_only = finisher(shards, "uint8", None, one_hot) if one_hot else None
+
+    def augment(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        out = layer({"images": image, "segmentation_masks": mask}, training=True)
+        image, moved = out["images"], out["segmentation_masks"]
+        mask = tf.cast(tf.round(moved) if moved.dtype.is_floating else moved, mask.dtype)
+        if one_hot_only is not None:
+            return one_hot_only(image, mask)
+        return image, mask
+
+    return augment
 
 
 def to_float_image(image: tf.Tensor) -> tf.Tensor:

@@ -16,8 +16,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    import keras
 
 from tfshards.errors import OptionsError
 from tfshards.readers.cache import (
@@ -33,9 +37,13 @@ from tfshards.readers.decode import (
     decoded_batches,
     decoded_pairs,
     finisher,
+    is_keras_layer,
+    layer_augmenter,
     pair_decoder,
 )
 from tfshards.readers.shards import SplitShards, split_shards
+from tfshards.readers.sizing import DEFAULT_PAD_LABEL, Sizing, sized_pairs
+from tfshards.schemas.format import COMPRESSIONS
 
 AUTOTUNE = tf.data.AUTOTUNE
 # TFRecordDataset read-ahead per shard: 1 MiB read about 10% faster than TF's 256 KiB here.
@@ -59,6 +67,8 @@ class ReadOptions:
     read_buffer_bytes: TFRecordDataset read-ahead buffer per shard (default 1 MiB).
     deterministic: element order independent of thread timing (default: True when
         not shuffling or when a seed is given).
+    crop_scale: with ``read(crop_size=...)``, scale each pair by a random factor in
+        (low, high) before cropping (default: no scaling).
     """
 
     cycle_length: int | None = None
@@ -67,6 +77,7 @@ class ReadOptions:
     shuffle_buffer: int | None = None
     read_buffer_bytes: int | None = None
     deterministic: bool | None = None
+    crop_scale: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("cycle_length", "shuffle_buffer", "read_buffer_bytes"):
@@ -131,8 +142,10 @@ def read(
     split: str = "train",
     batch_size: int = 32,
     image_size: tuple[int, int] | None = None,
+    crop_size: tuple[int, int] | None = None,
+    pad_to: tuple[int, int] | None = None,
     cache: bool | str | os.PathLike | None = None,
-    augment: Augment | None = None,
+    augment: Augment | keras.layers.Layer | None = None,
     seed: int | None = None,
     shuffle: bool | None = None,
     image_dtype: str = "float32",
@@ -147,6 +160,18 @@ def read(
 
     image: float32 in [0, 1] (or uint8 with ``image_dtype="uint8"``), [B, H, W, C].
     mask: int32 class indices [B, H, W, 1] (float32 one-hot [B, H, W, K] with ``one_hot``).
+
+    augment: a Keras 3 augmentation layer (or ``keras.Sequential`` of them), applied to
+    whole batches as ``{"images", "segmentation_masks"}`` so each mask moves with its
+    image (give the layers a ``seed`` for reproducible runs); or a function
+    ``(image, mask) -> (image, mask)`` applied to each pair. Both run after the cache
+    and the shuffle, so they stay random every epoch.
+
+    Records of different sizes: ``crop_size=(h, w)`` trains on random crops at native
+    resolution (``ReadOptions(crop_scale=(0.5, 2.0))`` scales randomly first; smaller
+    pairs are padded, masks with the ignore label, or 255 when none is declared);
+    ``pad_to=(h, w)`` or ``batch_size=1`` evaluates at native size; ``image_size``
+    resizes every record instead.
 
     cache: None streams; "memory" caches in RAM; True caches decoded uint8 pairs on disk
     beside the shards (or in the user cache folder); a path caches there. A disk cache is
@@ -165,17 +190,21 @@ def read(
         pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
         batch_size = input_context.get_per_replica_batch_size(batch_size)
     shards = split_shards(path, split, pipeline=pipeline)
-    shape = _target_shape(shards, image_size)
+    sizing = Sizing(crop_size, options.crop_scale, pad_to)
+    shape = _target_shape(shards, image_size, sizing, batch_size)
     decoder = pair_decoder(shards, shape)
     order = ordering(
         shards, options, shuffle=shuffle, seed=seed, cached=plan.kind != "none" or bool(service)
     )
     records = _records(_shard_files(shards, order, seed), shards, options, order)
     batching = dict(batch_size=batch_size, drop_remainder=drop_remainder)
+    layer = layer_augmenter(augment, shards, one_hot) if is_keras_layer(augment) else None
+    if layer is not None:  # whole batches through the Keras layer, after the finish
+        augment, one_hot = None, False
     finish = finisher(shards, image_dtype, augment, one_hot)
     if plan.kind == "none" and service is None:
-        batches = _streamed(
-            records, decoder, shards, options, order, seed, finish, augment, **batching
+        pairs = _streamed(
+            records, decoder, shards, options, order, seed, augment, sizing, **batching
         )
     else:
         pairs = decoded_pairs(
@@ -191,8 +220,12 @@ def read(
             pairs = pairs.shuffle(
                 _shuffle_buffer(shards, shape, options), seed=seed, reshuffle_each_iteration=True
             )
+    if isinstance(pairs, BatchedPairs):
+        batches = pairs.batches
+    else:
+        pairs = _sized(pairs, sizing, shards, seed)
         batches = _batched_pairs(pairs, finish, augment, order, **batching)
-    return _finished(batches, finish, augment, order, shards, repeat=repeat, **batching)
+    return _finished(batches, finish, augment, layer, order, shards, repeat=repeat, **batching)
 
 
 def _streamed(
@@ -202,30 +235,46 @@ def _streamed(
     options: ReadOptions,
     order: Ordering,
     seed: int | None,
-    finish,
     augment: Augment | None,
+    sizing: Sizing,
     *,
     batch_size: int,
     drop_remainder: bool,
-) -> tf.data.Dataset:
-    """Streaming: shuffle the small serialized records, not decoded pixels, then decode."""
+) -> tf.data.Dataset | BatchedPairs:
+    """Streaming: shuffle the small serialized records, not decoded pixels, then decode
+    (whole batches at once where the records allow it)."""
     if order.shuffle:
         buffer = _shuffle_buffer(shards, decoder.shape, options, serialized=True)
         records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    if decoder.whole_batches and augment is None:
-        return decoded_batches(
-            records,
-            decoder,
-            batch_size=batch_size,
-            drop_remainder=drop_remainder,
-            deterministic=order.deterministic,
+    if decoder.whole_batches and augment is None and not sizing.active:
+        return BatchedPairs(
+            decoded_batches(
+                records,
+                decoder,
+                batch_size=batch_size,
+                drop_remainder=drop_remainder,
+                deterministic=order.deterministic,
+            )
         )
-    pairs = decoded_pairs(
+    return decoded_pairs(
         records, decoder, options.parse_batch_size, deterministic=order.deterministic
     )
-    return _batched_pairs(
-        pairs, finish, augment, order, batch_size=batch_size, drop_remainder=drop_remainder
-    )
+
+
+@dataclass(frozen=True)
+class BatchedPairs:
+    """Streamed records already decoded into batches (raw or deflate of one size)."""
+
+    batches: tf.data.Dataset
+
+
+def _sized(
+    pairs: tf.data.Dataset, sizing: Sizing, shards: SplitShards, seed: int | None
+) -> tf.data.Dataset:
+    if not sizing.active:
+        return pairs
+    ignore = shards.manifest.mask.ignore_label
+    return sized_pairs(pairs, sizing, DEFAULT_PAD_LABEL if ignore is None else ignore, seed=seed)
 
 
 def _cached(
@@ -250,7 +299,11 @@ def _cached(
         "pipeline": list(pipeline),
         "records": shards.records,
     }
-    needed = int(shards.records * (layout.image_bytes + layout.mask_bytes) * 1.05) + 2**20
+    if layout.variable:  # native sizes are unknown before decoding: a generous estimate
+        stored = shards.manifest.splits[shards.split].bytes
+        needed = int(stored * 4) + 2**20
+    else:
+        needed = int(shards.records * (layout.image_bytes + layout.mask_bytes) * 1.05) + 2**20
     prepare_entry(layout, info, needed)
     return disk_cached_pairs(pairs, layout, shuffle=order.shuffle, seed=seed)
 
@@ -280,6 +333,7 @@ def _finished(
     batches: tf.data.Dataset,
     finish,
     augment: Augment | None,
+    layer,
     order: Ordering,
     shards: SplitShards,
     *,
@@ -292,6 +346,8 @@ def _finished(
         batches = batches.map(
             finish, num_parallel_calls=AUTOTUNE, deterministic=order.deterministic
         )
+    if layer is not None:
+        batches = batches.map(layer, num_parallel_calls=AUTOTUNE, deterministic=order.deterministic)
     records = shards.records
     count = records // batch_size if drop_remainder else math.ceil(records / batch_size)
     batches = batches.apply(tf.data.experimental.assert_cardinality(count))
@@ -314,19 +370,27 @@ def _check_arguments(
         )
 
 
-def _target_shape(shards: SplitShards, image_size: tuple[int, int] | None) -> tuple[int, int, int]:
+def _target_shape(
+    shards: SplitShards, image_size: tuple[int, int] | None, sizing: Sizing, batch_size: int
+) -> tuple[int | None, int | None, int]:
+    """The decoded shape: resized, stored, or (None, None, C) to keep each record's own."""
     channels = shards.manifest.image.channels
     if image_size is not None:
+        if sizing.active:
+            raise OptionsError("pass image_size (resize) or crop_size/pad_to, not both")
         if len(image_size) != 2 or min(image_size) < 1:
             raise OptionsError(f"image_size must be (height, width), got {image_size}")
         return (int(image_size[0]), int(image_size[1]), channels)
     stored = shards.manifest.image_shape
-    if stored is None:
-        raise OptionsError(
-            "the records of this dataset differ in size, so they cannot be batched as they "
-            "are; pass image_size=(height, width) to resize them"
-        )
-    return stored
+    if stored is not None:
+        return stored
+    if sizing.active or batch_size == 1:
+        return (None, None, channels)
+    raise OptionsError(
+        "the records of this dataset differ in size, so they cannot be batched as they "
+        "are; pass crop_size=(h, w) to train on random crops, pad_to=(h, w) or "
+        "batch_size=1 to evaluate at native size, or image_size=(h, w) to resize them all"
+    )
 
 
 def _shard_files(shards: SplitShards, order: Ordering, seed: int | None) -> tf.data.Dataset:
@@ -366,7 +430,10 @@ def _shuffle_buffer(
     """Records that fit in SHUFFLE_BUFFER_BYTES: decoded pixels, or serialized records."""
     if options.shuffle_buffer is not None:
         return options.shuffle_buffer
-    record_bytes = shape[0] * shape[1] * (shape[2] + 1)
-    if serialized and shards.manifest.image.encoding != "raw":
-        record_bytes = max(1, shards.manifest.splits[shards.split].bytes // max(shards.records, 1))
+    stored = shards.manifest.splits[shards.split].bytes // max(shards.records, 1)
+    # Native sizes are unknown before decoding: decoded pairs take about 3x a stored record.
+    record_bytes = shape[0] * shape[1] * (shape[2] + 1) if shape[0] else 3 * stored
+    if serialized and COMPRESSIONS[shards.manifest.compression.type].zlib_wbits is None:
+        # Records as stored (deflate, PNG, JPEG are smaller than pixels; raw the same).
+        record_bytes = max(1, stored)
     return max(1, min(shards.records, 10_000, SHUFFLE_BUFFER_BYTES // record_bytes))

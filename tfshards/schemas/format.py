@@ -152,6 +152,8 @@ class Encoding:
     encode: Callable[[np.ndarray, SourceFile], tuple[bytes, str]]
     formats: tuple[str, ...]
     lossless: bool = True
+    channels: tuple[int, ...] = (1, 3, 4)
+    tfds_tensor: str | None = None  # a TFDS Tensor feature's encoding reads it (else Image)
 
     @property
     def batchable(self) -> bool:
@@ -193,11 +195,11 @@ def _squeeze_gray(pixels: np.ndarray) -> np.ndarray:
 
 
 ENCODINGS: dict[str, Encoding] = {
-    "deflate": Encoding("deflate", _deflate, ("deflate",)),
-    "raw": Encoding("raw", _raw, ("raw",)),
+    "deflate": Encoding("deflate", _deflate, ("deflate",), tfds_tensor="ZLIB"),
+    "raw": Encoding("raw", _raw, ("raw",), tfds_tensor="BYTES"),
     "keep": Encoding("keep", _keep, ("png", "jpeg")),
     "png": Encoding("png", _png, ("png",)),
-    "jpeg": Encoding("jpeg", _jpeg, ("jpeg",), lossless=False),
+    "jpeg": Encoding("jpeg", _jpeg, ("jpeg",), lossless=False, channels=(1, 3)),
 }
 DEFAULT_ENCODING = "deflate"
 # Masks hold class indices: a lossy encoding would invent classes at edges.

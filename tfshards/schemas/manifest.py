@@ -7,7 +7,8 @@ Layout (JSON object)::
     record_schema     [{"name", "type"}] for every record feature
     image             {"encoding", "channels", "height", "width"}; height/width
                       are null when records differ in size
-    mask              {"encoding", "num_classes" (null when not checked), "mask_map"}
+    mask              {"encoding", "num_classes" (null when not checked), "mask_map",
+                      "ignore_label" (null, or the value that marks pixels to ignore)}
     compression       {"type": "none"|"gzip"|"zlib", "level"}
     seed              the shuffle and split seed
     options           a record of how the data was made: every ConvertOptions field as
@@ -67,6 +68,7 @@ class MaskInfo:
     encoding: str
     num_classes: int | None = None
     mask_map: list[list[int]] = field(default_factory=list)
+    ignore_label: int | None = None  # pixels to leave out of the loss (e.g. 255, VOC-style)
 
     def __post_init__(self) -> None:
         _check("mask.encoding", self.encoding, self.encoding in ENCODINGS, sorted(ENCODINGS))
@@ -110,6 +112,7 @@ class SplitInfo:
     class_pixels: list[int]
     shards: list[ShardInfo]
     mask_values: list[int] = field(default_factory=list)
+    ignored_pixels: int = 0  # pixels at the mask's ignore_label, outside class_pixels
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:
         bytes=raw["bytes"],
         class_pixels=list(raw["class_pixels"]),
         mask_values=list(raw.get("mask_values", _present(raw["class_pixels"]))),
+        ignored_pixels=raw.get("ignored_pixels", 0),
         shards=shards,
     )
 
