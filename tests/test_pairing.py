@@ -96,7 +96,7 @@ def test_empty_input_says_so(tmp_path):
 
 
 def test_missing_folder_and_bad_patterns(tmp_path):
-    with pytest.raises(PairingError, match="not a folder"):
+    with pytest.raises(OptionsError, match="not a folder"):
         pair_files(tmp_path / "nope", tmp_path)
     with pytest.raises(OptionsError, match="exactly once"):
         pair_files(tmp_path, tmp_path, image_pattern="img.png", mask_pattern="{key}.png")

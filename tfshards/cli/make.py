@@ -56,18 +56,22 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         help="convert the matched pairs and report orphans and duplicate keys instead of failing",
     )
     g = p.add_argument_group("validation")
-    g.add_argument("--num-classes", type=int, help="fail if a mask value is >= this")
+    g.add_argument(
+        "--num-classes", type=int, help="fail if a mask value is >= this (default: not checked)"
+    )
     g.add_argument(
         "--mask-map",
         type=_size_arg(parse_mask_map),
-        help="remap mask values first, e.g. 0:0,255:1; unmapped values are errors",
+        help="remap mask values first, e.g. 0:0,255:1; unmapped values are errors "
+        "(default: no map)",
     )
     g.add_argument(
         "--ignore-label",
         type=int,
         metavar="VALUE",
         help="mask value of pixels to leave out of the loss (e.g. 255 in VOC-style masks): "
-        "kept out of --num-classes checks and class counts, stored in the manifest",
+        "kept out of --num-classes checks and class counts, stored in the manifest "
+        "(default: none)",
     )
     g.add_argument(
         "--binary-masks",
@@ -85,7 +89,7 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         "--resize",
         type=_size_arg(parse_hw),
         metavar="HxW",
-        help="resize images (bicubic) and masks (nearest) to HEIGHTxWIDTH",
+        help="resize images (bicubic) and masks (nearest) to HEIGHTxWIDTH (default: keep sizes)",
     )
     g.add_argument(
         "--on-error",
@@ -128,7 +132,8 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     shards.add_argument(
         "--num-shards",
         type=int,
-        help="shards for the largest split; others get a proportional count",
+        help="shards for the largest split; others get a proportional count "
+        "(default: from --shard-size)",
     )
     shards.add_argument(
         "--shard-size",

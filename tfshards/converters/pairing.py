@@ -87,7 +87,8 @@ def _walk_files(root: Path) -> list[str]:
     Directory links are not followed, so a link loop cannot hang the walk.
     """
     if not root.is_dir():
-        raise PairingError(f"{root}: not a folder")
+        # A path given on the command line that is no folder is bad usage (exit 2).
+        raise OptionsError(f"{root}: not a folder; check --images and --masks")
     found: list[str] = []
 
     def on_error(exc: OSError) -> None:
