@@ -7,10 +7,21 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from tfshards.converters.options import (
+    AUTO_MASK_ENCODING,
+    COMPRESSION_CHOICES,
+    ON_ERROR,
+    ConvertOptions,
+    parse_hw,
+    parse_mask_map,
+    parse_size,
+)
 from tfshards.errors import OptionsError
+from tfshards.schemas.format import ENCODINGS, MASK_ENCODINGS
 from tfshards.wording import counted
 
 log = logging.getLogger("tfshards")
+DEFAULTS = ConvertOptions()  # the one source of every default in `convert --help`
 
 
 def _size_arg(parse: Callable):
@@ -25,19 +36,6 @@ def _size_arg(parse: Callable):
 
 
 def add_convert(sub: argparse._SubParsersAction) -> None:
-    from tfshards.converters.options import (
-        AUTO_MASK_ENCODING,
-        COMPRESSION_CHOICES,
-        ON_ERROR,
-        ConvertOptions,
-        parse_hw,
-        parse_mask_map,
-        parse_size,
-    )
-    from tfshards.schemas.format import ENCODINGS, MASK_ENCODINGS
-
-    DEFAULTS = ConvertOptions()  # noqa: N806 - the one source of every default below
-
     p = sub.add_parser(
         "convert",
         help="convert image/mask folders into pre-shuffled TFRecord shards",
@@ -45,6 +43,15 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         "of the key, shuffle, and write compressed TFRecord shards plus a manifest "
         "(tfshards.json) written last.",
     )
+    _add_input_args(p)
+    _add_validation_args(p)
+    _add_record_args(p)
+    _add_output_args(p)
+    p.set_defaults(run=_run_convert)
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    """Input folders, name patterns, unpaired files."""
     g = p.add_argument_group("input and pairing")
     g.add_argument("--images", required=True, help="folder of images (walked recursively)")
     g.add_argument("--masks", help="folder of masks (default: --images, with name patterns)")
@@ -55,6 +62,10 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="convert the matched pairs and report orphans and duplicate keys instead of failing",
     )
+
+
+def _add_validation_args(p: argparse.ArgumentParser) -> None:
+    """What a pair must satisfy, and how mask values are read."""
     g = p.add_argument_group("validation")
     g.add_argument(
         "--num-classes", type=int, help="fail if a mask value is >= this (default: not checked)"
@@ -98,6 +109,10 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         help="a corrupt or invalid pair stops the job (fail, default) or is "
         "skipped and listed in the manifest (skip)",
     )
+
+
+def _add_record_args(p: argparse.ArgumentParser) -> None:
+    """Encodings, compression, shard counts, index and TFDS files."""
     g = p.add_argument_group("records and shards")
     g.add_argument(
         "--encoding",
@@ -128,6 +143,11 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         default=DEFAULTS.compression_level,
         help="zlib level 0-9 (default 1: several times faster than 6 for a few %% more bytes)",
     )
+    _add_shard_args(g)
+
+
+def _add_shard_args(g: argparse._ArgumentGroup) -> None:
+    """Shard counts and sizes, index and TFDS files, splits."""
     shards = g.add_mutually_exclusive_group()
     shards.add_argument(
         "--num-shards",
@@ -168,6 +188,10 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--seed", type=int, default=DEFAULTS.seed, help="shuffle and split seed (default 0)"
     )
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    """The output folder, workers, runner, resume and overwrite."""
     g = p.add_argument_group("output and execution")
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--workers", type=int, help="parallel processes (default: all cores)")
@@ -195,7 +219,6 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     mode.add_argument(
         "--overwrite", action="store_true", help="replace a previous conversion in --out"
     )
-    p.set_defaults(run=_run_convert)
 
 
 def _run_convert(args: argparse.Namespace) -> int:

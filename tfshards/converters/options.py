@@ -94,6 +94,21 @@ class ConvertOptions:
                 f"encoding {self.encoding!r} cannot store {self.channels} channels; "
                 f"it stores {', '.join(map(str, allowed))}"
             )
+        self._check_masks()
+        if self.tfds_metadata and self.compression not in (AUTO_COMPRESSION, "none"):
+            raise OptionsError(
+                f"TFDS metadata needs uncompressed shards: TFDS reads no {self.compression} "
+                "TFRecords; use compression none"
+            )
+        if self.index and self.compression not in (AUTO_COMPRESSION, "none"):
+            raise OptionsError(
+                f"index files need uncompressed shards (got compression {self.compression!r}): "
+                "DALI and the tfrecord package seek to byte offsets in the file"
+            )
+        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
+            raise OptionsError(f"resize must be (height, width) > 0, got {self.resize}")
+
+    def _check_masks(self) -> None:
         if self.num_classes is not None and not 1 <= self.num_classes <= 256:
             raise OptionsError(
                 f"num_classes must be 1..256 (masks are stored as uint8), got {self.num_classes}"
@@ -113,18 +128,6 @@ class ConvertOptions:
                         f"mask_map entry {source}:{target}: sources must be 0..65535 and "
                         "targets 0..255"
                     )
-        if self.tfds_metadata and self.compression not in (AUTO_COMPRESSION, "none"):
-            raise OptionsError(
-                f"TFDS metadata needs uncompressed shards: TFDS reads no {self.compression} "
-                "TFRecords; use compression none"
-            )
-        if self.index and self.compression not in (AUTO_COMPRESSION, "none"):
-            raise OptionsError(
-                f"index files need uncompressed shards (got compression {self.compression!r}): "
-                "DALI and the tfrecord package seek to byte offsets in the file"
-            )
-        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
-            raise OptionsError(f"resize must be (height, width) > 0, got {self.resize}")
 
     def resolved(self, channels: int) -> ConvertOptions:
         """Concrete values for 'auto' settings.

@@ -1,6 +1,7 @@
 """The reader side: the tf.data pipeline, the disk cache, distribution."""
 
 from tfshards.readers.cache import clear_caches, list_caches
-from tfshards.readers.pipeline import ReadOptions, read
+from tfshards.readers.options import ReadOptions
+from tfshards.readers.pipeline import read
 
 __all__ = ["ReadOptions", "clear_caches", "list_caches", "read"]
