@@ -257,3 +257,29 @@ def test_resume_after_a_failure_with_unchanged_inputs(tmp_path):
     tfshards.convert(images, masks, out, resume=True, workers=1, progress=False)
     assert tfshards.Manifest.load(out).splits == reference.splits
     assert not (out / ".tfshards.lock").exists()
+
+
+def test_memory_error_ends_the_job_and_resume_finishes_it(tmp_path, monkeypatch):
+    from tfshards.converters import shard_job
+
+    images, masks = write_pairs(tmp_path / "data", 12)
+    out = tmp_path / "out"
+    reference = tfshards.convert(images, masks, tmp_path / "ref", num_shards=3, workers=1,
+                                 progress=False)  # fmt: skip
+    real, calls = shard_job.prepare_pair, []
+
+    def runs_out_of_memory(pair, options, channels):
+        calls.append(pair.key)
+        if len(calls) == 6:  # in the second shard
+            raise MemoryError("out of memory")
+        return real(pair, options, channels)
+
+    monkeypatch.setattr(shard_job, "prepare_pair", runs_out_of_memory)
+    with pytest.raises(MemoryError):  # not turned into a skipped pair
+        tfshards.convert(images, masks, out, num_shards=3, on_error="skip", workers=1,
+                         progress=False)  # fmt: skip
+    assert not (out / "tfshards.json").exists() and not list(out.glob(".*.tmp"))
+    monkeypatch.setattr(shard_job, "prepare_pair", real)
+    resumed = tfshards.convert(images, masks, out, num_shards=3, on_error="skip", resume=True,
+                               workers=1, progress=False)  # fmt: skip
+    assert resumed.splits == reference.splits and not resumed.skipped

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 from tfshards.converters.options import (
@@ -221,42 +222,22 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# ConvertRun fields the CLI derives instead of taking a flag of the same name.
+_RUN_FROM_CLI = ("progress", "runner")
+
+
 def _run_convert(args: argparse.Namespace) -> int:
     from tfshards.converters.convert import ConvertRun, run_conversion
-    from tfshards.converters.options import ConvertOptions
 
-    options = ConvertOptions(
-        encoding=args.encoding,
-        mask_encoding=args.mask_encoding,
-        compression=args.compression,
-        compression_level=args.compression_level,
-        num_shards=args.num_shards,
-        shard_size=args.shard_size,
-        val_fraction=args.val_fraction,
-        test_fraction=args.test_fraction,
-        seed=args.seed,
-        channels=args.channels,
-        num_classes=args.num_classes,
-        mask_map=args.mask_map,
-        binary_masks=args.binary_masks,
-        ignore_label=args.ignore_label,
-        resize=args.resize,
-        on_error=args.on_error,
-        index=args.index,
-        tfds_metadata=args.tfds_metadata,
-    )
+    given = vars(args)  # every option flag is named after its ConvertOptions/ConvertRun field
+    options = ConvertOptions(**{f.name: given[f.name] for f in fields(ConvertOptions)})
     runner = None
     if args.runner == "beam":
         from tfshards.converters.beam import beam_runner
 
         runner = beam_runner(args.beam_option)
     run = ConvertRun(
-        image_pattern=args.image_pattern,
-        mask_pattern=args.mask_pattern,
-        allow_unpaired=args.allow_unpaired,
-        workers=args.workers,
-        resume=args.resume,
-        overwrite=args.overwrite,
+        **{f.name: given[f.name] for f in fields(ConvertRun) if f.name not in _RUN_FROM_CLI},
         progress=not args.quiet,
         runner=runner,
     )

@@ -217,10 +217,10 @@ def _mask_pixels(pair: Pair, mask: Image.Image, options: ConvertOptions) -> tupl
             f"{mask.mode} masks cannot hold class indices (colour-space or premultiplied "
             "values); save masks as grayscale or palette PNGs"
         )
-    if mask.mode in ("P", "PA") and _gray_palette_of_other_values(mask):
-        mask = mask.convert("L")  # a grayscale mask saved as GIF: the gray levels are the classes
     values = np.asarray(mask)
     changed = mask.mode != "L"
+    if mask.mode in ("P", "PA") and _gray_palette_of_other_values(mask, values):
+        values = np.asarray(mask.convert("L"))  # a grayscale mask saved as GIF: gray levels
     if values.ndim == 3:
         equal_channels = mask.mode in _EQUAL_CHANNEL_MODES
         colour = values[:, :, :3] if equal_channels else values[:, :, :1]
@@ -243,18 +243,24 @@ def _mask_pixels(pair: Pair, mask: Image.Image, options: ConvertOptions) -> tupl
             f"mask value {int(values.max())} does not fit in 0..255 ({mask.mode} mask); "
             "tfshards stores class indices as uint8; remap them with --mask-map"
         )
+    if options.num_classes is not None and values.size and values.max() >= options.num_classes:
+        _check_classes(values, options, fail)
+    return values.astype(np.uint8, copy=False), changed
+
+
+def _check_classes(values: np.ndarray, options: ConvertOptions, fail) -> None:
+    """Values at or above num_classes, other than the ignore label, fail the pair."""
     labelled = values if options.ignore_label is None else values[values != options.ignore_label]
-    if options.num_classes is not None and labelled.size and labelled.max() >= options.num_classes:
+    if labelled.size and labelled.max() >= options.num_classes:
         high = int(labelled.max())
         count = int((labelled >= options.num_classes).sum())
         raise fail(
             f"mask value {high} is not below --num-classes {options.num_classes} "
             f"({count} pixels); remap values with --mask-map, e.g. 0:0,255:1"
         )
-    return values.astype(np.uint8, copy=False), changed
 
 
-def _gray_palette_of_other_values(mask: Image.Image) -> bool:
+def _gray_palette_of_other_values(mask: Image.Image, values: np.ndarray) -> bool:
     """True when every used palette colour is a gray level and some differ from their index.
 
     Palette masks (VOC style) store classes as indices with colourful palettes; a
@@ -262,7 +268,8 @@ def _gray_palette_of_other_values(mask: Image.Image) -> bool:
     arbitrary order, and then the gray levels are what the author meant.
     """
     palette = mask.getpalette() or []
-    used = np.unique(np.asarray(mask)[..., 0] if mask.mode == "PA" else np.asarray(mask))
+    indices = values[..., 0] if values.ndim == 3 else values
+    used = np.flatnonzero(np.bincount(indices.ravel(), minlength=256))  # no sort, unlike unique
     colours = [tuple(palette[3 * i : 3 * i + 3]) for i in used]
     if not colours or any(len(c) < 3 or not c[0] == c[1] == c[2] for c in colours):
         return False

@@ -127,30 +127,39 @@ def finisher(
     shards: SplitShards, image_dtype: str, augment: Augment | None, one_hot: bool
 ) -> Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
     """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot."""
-    classes = _num_classes(shards) if one_hot else 0
-    ignore = shards.manifest.mask.ignore_label
+    encode = one_hot_encoder(shards) if one_hot else None
 
     def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        if image_dtype == "float32" and image.dtype == tf.uint8:
+        if image_dtype == "float32":
             image = to_float_image(image)
         mask = tf.cast(mask, tf.int32)
         if augment is not None:
             image, mask = augment(image, mask)
-        if one_hot:  # ignored pixels: all-zero vectors (tf.one_hot does so above the depth)
-            labels = mask[..., 0]
-            mask = tf.one_hot(labels, classes, dtype=tf.float32)
-            if ignore is not None and ignore < classes:
-                mask *= tf.cast(labels != ignore, tf.float32)[..., None]
-        return image, mask
+        return image, mask if encode is None else encode(mask)
 
     return finish
 
 
+def one_hot_encoder(shards: SplitShards) -> Callable[[tf.Tensor], tf.Tensor]:
+    """int32 masks [..., 1] -> float32 one-hot [..., K]; ignored pixels are all-zero."""
+    classes = _num_classes(shards)
+    ignore = shards.manifest.mask.ignore_label
+
+    def encode(mask: tf.Tensor) -> tf.Tensor:
+        labels = mask[..., 0]
+        vectors = tf.one_hot(labels, classes, dtype=tf.float32)  # zero above the depth
+        if ignore is not None and ignore < classes:
+            vectors *= tf.cast(labels != ignore, tf.float32)[..., None]
+        return vectors
+
+    return encode
+
+
 def is_keras_layer(augment) -> bool:
     """A Keras 3 layer (or Sequential of them): applied to whole batches, image and mask."""
-    if augment is None or "keras" not in type(augment).__module__.split(".")[0]:
+    if augment is None:
         return False
-    import keras
+    import keras  # already loaded with TensorFlow's reader
 
     return isinstance(augment, keras.layers.Layer)
 
@@ -162,15 +171,13 @@ def layer_augmenter(layer, shards: SplitShards, one_hot: bool):
     (flips, rotations, zooms, crops; masks with nearest-neighbour interpolation)
     and leave masks alone for photometric changes.
     """
-    one_hot_only = finisher(shards, "uint8", None, one_hot) if one_hot else None
+    encode = one_hot_encoder(shards) if one_hot else None
 
     def augment(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         out = layer({"images": image, "segmentation_masks": mask}, training=True)
         image, moved = out["images"], out["segmentation_masks"]
         mask = tf.cast(tf.round(moved) if moved.dtype.is_floating else moved, mask.dtype)
-        if one_hot_only is not None:
-            return one_hot_only(image, mask)
-        return image, mask
+        return image, mask if encode is None else encode(mask)
 
     return augment
 
