@@ -182,7 +182,7 @@ def test_disk_cache_is_built_during_the_first_epoch_and_keyed(dataset, tmp_path)
     assert [e.state for e in tfshards.list_caches(cache)] == ["incomplete"]
     first = digests(ds)
     entries = tfshards.list_caches(cache)
-    assert [e.state for e in entries] == ["ready"] and entries[0].info["split"] == "train"
+    assert [e.state for e in entries] == ["ready"] and entries[0].info.split == "train"
     assert sorted(digests(ds)) == sorted(first) == sorted(expected_digests(dataset, "train"))
     # changed options: another entry; same options again: the same entry
     tfshards.read(dataset, split="train", image_size=(8, 8), cache=cache)

@@ -121,24 +121,23 @@ def bound_pipeline(
 
 
 def cache_bound_pipeline(entry: Path, *, cast: bool, batch_size: int = BATCH):
-    """Read a built tfshards disk cache entry in order and [cast]: the warm-epoch bound."""
-    import json
-
+    """Read a built tfshards disk cache entry in order, a batch of byte records at a time,
+    decode each batch with one op per field and [cast]: the warm-epoch bound."""
     import tensorflow as tf
 
-    from tfshards.readers.cache import CacheLayout
-    from tfshards.readers.cache_stage import read_parts
+    from tfshards.readers.cache import DiskCache
 
-    info = json.loads((entry / "info.json").read_text())
-    layout = CacheLayout(entry, tuple(info["shape"]), info["records"])
+    cache = DiskCache.at(entry)
+    layout = cache.layout
+    records = layout.byte_records(cache.parts(shuffle=False, seed=None), deterministic=True)
 
-    def finish(image, mask):
+    def decode(image, mask):
+        image, mask = layout.decode(image, mask)
         return (_to_float(image), tf.cast(mask, tf.int32)) if cast else (image, mask)
 
     return (
-        read_parts(layout, shuffle=False, seed=None)
-        .batch(batch_size)
-        .map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+        records.batch(batch_size, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(decode, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
     )
 

@@ -35,11 +35,7 @@ def _run_cache(args: argparse.Namespace) -> int:
     if not entries:
         print(f"no caches under {args.dir}")
     for entry in entries:
-        shape = "x".join(str(n) for n in entry.info.get("shape", []))
-        print(
-            f"{entry.path}  {entry.state:10s} {entry.bytes / 2**20:9.1f} MiB  "
-            f"split={entry.info.get('split', '?')} shape={shape}"
-        )
+        print(entry.describe())
     return 0
 
 

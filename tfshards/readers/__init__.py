@@ -1,4 +1,4 @@
-"""The reader side: the tf.data pipeline, the disk cache, distribution."""
+"""The reader side: the read plan and its stages, the disk cache, distribution."""
 
 from tfshards.readers.cache import clear_caches, list_caches
 from tfshards.readers.options import ReadOptions

@@ -19,6 +19,7 @@ class SplitShards:
     split: str
     paths: tuple[str, ...]
     shards: tuple[ShardInfo, ...]
+    root: Path  # the dataset folder
 
     @property
     def records(self) -> int:
@@ -92,4 +93,4 @@ def split_shards(
                 "is truncated or was replaced (run `tfshards verify` for details)"
             )
         paths.append(str(path))
-    return SplitShards(manifest, split, tuple(paths), mine)
+    return SplitShards(manifest, split, tuple(paths), mine, root)

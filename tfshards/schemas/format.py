@@ -246,6 +246,10 @@ class Compression:
     tf_name: str  # compression_type of tf.data.TFRecordDataset
     open: Callable[[Path], BinaryIO]
 
+    @property
+    def compressed(self) -> bool:
+        return self.zlib_wbits is not None
+
     def compressor(self, level: int):
         """A zlib compressobj for this format, or None when uncompressed."""
         if self.zlib_wbits is None:

@@ -1,0 +1,258 @@
+"""A disk cache entry: its folder layout, names, ``info.json``, size check and locking.
+
+Layout::
+
+    <cache root>/<fingerprint>/info.json        what the entry holds (CacheInfo)
+    <cache root>/<fingerprint>/ready/part-K.*   the published part files (layouts.py)
+    <cache root>/<fingerprint>/.building-<host>-<pid>-<token>/   a build in progress
+
+The cache root is ``.tfshards-cache`` beside the shards when that folder is
+writable, else a folder under the user's cache directory, or what ``cache=``
+names. The fingerprint hashes the shard files' sha256s (so changed data gets a
+new entry) and every option that changes what is cached (split, input
+pipeline, image size, channels, cache format), so a stale entry is never read.
+
+Locking without lockfiles: a build writes into its own ``.building-*`` folder,
+fsyncs it and renames it to ``ready``; the first rename wins and the others
+discard theirs. A crash or ``kill -9`` leaves a building folder that nobody
+reads, removed by the next process on the host once its owner is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+from tfshards.errors import TfshardsError
+from tfshards.readers.cache.layouts import CACHE_PARTS, PartLayout, Shape, layout_for, part_count
+from tfshards.readers.shards import SplitShards
+from tfshards.schemas.format import CACHE_DIR_NAME
+
+CACHE_FORMAT = 2
+INFO_FILE = "info.json"
+READY_DIR = "ready"
+BUILDING_PREFIX = ".building-"
+log = logging.getLogger("tfshards")
+
+
+class CacheSpaceError(TfshardsError):
+    """The disk lacks room for the cache that would be built."""
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What an entry holds, as written to its ``info.json``."""
+
+    dataset: str
+    split: str
+    shape: Shape
+    pipeline: tuple[int, int]
+    records: int
+    cache_format: int = CACHE_FORMAT
+
+    @classmethod
+    def load(cls, entry: Path) -> CacheInfo | None:
+        """The entry's info; None when it has none yet or it is unreadable."""
+        try:
+            body = json.loads((entry / INFO_FILE).read_text())
+            return cls(
+                dataset=body["dataset"],
+                split=body["split"],
+                shape=tuple(body["shape"]),
+                pipeline=tuple(body["pipeline"]),
+                records=int(body["records"]),
+                cache_format=int(body.get("cache_format", CACHE_FORMAT)),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, entry: Path) -> None:
+        (entry / INFO_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+
+@dataclass(frozen=True)
+class DiskCache:
+    """One cache entry: a folder, what it holds, and the layout of its part files."""
+
+    folder: Path
+    info: CacheInfo
+
+    @classmethod
+    def for_split(
+        cls, root: Path, shards: SplitShards, shape: Shape, pipeline: tuple[int, int]
+    ) -> DiskCache:
+        info = CacheInfo(
+            str(shards.root), shards.split, tuple(shape), tuple(pipeline), shards.records
+        )
+        return cls(root / _fingerprint(shards, shape, pipeline), info)
+
+    @classmethod
+    def at(cls, folder: Path) -> DiskCache:
+        """An existing entry, from its info.json."""
+        info = CacheInfo.load(folder)
+        if info is None:
+            raise TfshardsError(f"{folder}: not a tfshards disk cache entry (no {INFO_FILE})")
+        return cls(folder, info)
+
+    @property
+    def layout(self) -> PartLayout:
+        return layout_for(self.info.shape)
+
+    @property
+    def ready(self) -> Path:
+        return self.folder / READY_DIR
+
+    def part(self, folder: Path, index: int, kind: str) -> Path:
+        return folder / f"part-{index:05d}.{kind}"
+
+    def new_building_folder(self) -> Path:
+        name = f"{BUILDING_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        return self.folder / name
+
+    def is_ready(self) -> bool:
+        """True when the ready folder holds every part at its full size."""
+        layout = self.layout
+        for index in range(CACHE_PARTS):
+            count = part_count(self.info.records, index)
+            for kind in layout.kinds:
+                path = self.part(self.ready, index, kind)
+                size = layout.expected_size(count, kind)
+                if not path.is_file() or (size is not None and path.stat().st_size != size):
+                    return False
+        return True
+
+    def parts(self, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
+        """The published parts as (one path per kind..., record count, first record):
+        shuffled, in a new order each epoch, each starting at a new random record."""
+        paths = [
+            [str(self.part(self.ready, k, kind)) for k in range(CACHE_PARTS)]
+            for kind in self.layout.kinds
+        ]
+        counts = [part_count(self.info.records, k) for k in range(CACHE_PARTS)]
+        parts = tf.data.Dataset.from_tensor_slices((*paths, tf.constant(counts, tf.int64)))
+        if shuffle:
+            parts = parts.shuffle(CACHE_PARTS, seed=seed, reshuffle_each_iteration=True)
+            starts = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        else:
+            starts = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+        return tf.data.Dataset.zip(parts, starts).map(lambda part, start: (*part, start))
+
+    def prepare(self, stored_bytes: int) -> None:
+        """Make the entry's folder; refuse if building it would not fit on disk."""
+        if self.is_ready():
+            log.info("reading the disk cache %s (no decoding)", self.folder)
+            return
+        if self.ready.exists():
+            log.warning("%s: incomplete or damaged cache files; rebuilding them", self.ready)
+            shutil.rmtree(self.ready, ignore_errors=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_builds(self.folder)
+        needed = self.layout.bytes_needed(self.info.records, stored_bytes)
+        free = shutil.disk_usage(self.folder).free
+        if free < needed:
+            raise CacheSpaceError(
+                f"the disk cache for split {self.info.split!r} needs about "
+                f"{needed / 2**20:.0f} MiB but {self.folder} has {free / 2**20:.0f} MiB free; "
+                "free space, pass cache='other/folder/', or cache=None to stream"
+            )
+        self.info.save(self.folder)
+        log.info("building the disk cache in %s while the first epoch streams", self.folder)
+
+
+def _fingerprint(shards: SplitShards, shape: Shape, pipeline: tuple[int, int]) -> str:
+    body = {
+        "cache_format": CACHE_FORMAT,
+        "schema_version": shards.manifest.schema_version,
+        "split": shards.split,
+        "pipeline": list(pipeline),
+        "shape": list(shape),
+        "dtype": "uint8",
+        "shards": [shard.sha256 for shard in shards.shards],
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def default_cache_root(dataset: Path) -> Path:
+    """Beside the shards when that folder is writable, else in the user's cache folder."""
+    beside = dataset / CACHE_DIR_NAME
+    if os.access(dataset, os.W_OK):
+        return beside
+    return user_cache_dir() / hashlib.sha256(str(dataset.resolve()).encode()).hexdigest()[:16]
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/tfshards``, else ``~/.cache/tfshards``."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tfshards"
+
+
+def _remove_abandoned_builds(entry: Path) -> None:
+    """Building folders of processes on this host that no longer run."""
+    host = socket.gethostname()
+    for folder in entry.glob(f"{BUILDING_PREFIX}*"):
+        parts = folder.name[len(BUILDING_PREFIX) :].rsplit("-", 2)
+        if len(parts) == 3 and parts[0] == host and not _process_alive(int(parts[1])):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """An entry as listed by ``tfshards cache``: its state and size on disk."""
+
+    path: Path
+    state: str  # "ready" or "incomplete"
+    bytes: int
+    info: CacheInfo | None
+
+    def describe(self) -> str:
+        """One line: path, state, size, split and shape."""
+        split = self.info.split if self.info else "?"
+        shape = "x".join(str(n) for n in self.info.shape) if self.info else "?"
+        return (
+            f"{self.path}  {self.state:10s} {self.bytes / 2**20:9.1f} MiB  "
+            f"split={split} shape={shape}"
+        )
+
+
+def list_caches(root: str | os.PathLike) -> list[CacheEntry]:
+    """Cache entries under a cache root or a dataset folder (its cache folder)."""
+    root = _cache_root_of(Path(root))
+    if not root.is_dir():
+        return []
+    entries = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        state = "ready" if (folder / READY_DIR).is_dir() else "incomplete"
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        entries.append(CacheEntry(folder, state, size, CacheInfo.load(folder)))
+    return entries
+
+
+def clear_caches(root: str | os.PathLike) -> int:
+    """Remove every cache entry under root; return the bytes freed."""
+    freed = 0
+    for entry in list_caches(root):
+        shutil.rmtree(entry.path, ignore_errors=True)
+        freed += entry.bytes
+    return freed
+
+
+def _cache_root_of(path: Path) -> Path:
+    return path / CACHE_DIR_NAME if (path / CACHE_DIR_NAME).is_dir() else path

@@ -1,0 +1,150 @@
+"""The disk cache as a tf.data stage: build it during the first pass, read it afterwards.
+
+Each pass (epoch) decides once, when it starts, whether the entry is ready:
+ready, it reads the part files (no parsing, no decoding); not ready, it streams
+the decoded pairs through and appends them to a private building folder,
+published when the pass is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorflow as tf
+
+from tfshards.readers.cache.entry import DiskCache
+from tfshards.readers.cache.layouts import CACHE_PARTS, FixedLayout
+
+_FILE_BUFFER = 2**20
+log = logging.getLogger("tfshards")
+Batcher = Callable[[tf.data.Dataset], tf.data.Dataset]
+
+
+class CacheBuilder:
+    """Writes the pairs of one pass in record order; publishes the entry when it is whole.
+
+    ``write`` is called through ``tf.py_function`` with each pair's index. Index 0
+    starts a new build (abandoning an unfinished one); an index out of sequence (an
+    interrupted pass) abandons the build; the last index publishes it.
+    """
+
+    def __init__(self, cache: DiskCache) -> None:
+        self.cache = cache
+        self.layout = cache.layout
+        self._lock = threading.Lock()
+        self._folder: Path | None = None
+        self._files: list[tuple] = []
+        self._next = 0
+
+    def write(self, index, image, mask) -> bool:
+        index = int(index)
+        with self._lock:
+            if index == 0:
+                self._abandon()
+                self._start()
+            elif self._folder is None or index != self._next:
+                self._abandon()
+                return False
+            self.layout.append(self._files[index % CACHE_PARTS], image.numpy(), mask.numpy())
+            self._next = index + 1
+            if self._next == self.cache.info.records:
+                self._publish()
+        return True
+
+    def _start(self) -> None:
+        self._folder = self.cache.new_building_folder()
+        self._folder.mkdir(parents=True)
+        self._files = [
+            tuple(
+                open(self.cache.part(self._folder, k, kind), "wb", buffering=_FILE_BUFFER)  # noqa: SIM115
+                for kind in self.layout.kinds
+            )
+            for k in range(CACHE_PARTS)
+        ]
+        self._next = 0
+
+    def _close(self, *, sync: bool) -> None:
+        for handle in (h for part in self._files for h in part):
+            if sync:
+                handle.flush()
+                os.fsync(handle.fileno())
+            handle.close()
+        self._files = []
+
+    def _abandon(self) -> None:
+        if self._folder is not None:
+            self._close(sync=False)
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def _publish(self) -> None:
+        self._close(sync=True)
+        folder, self._folder = self._folder, None
+        try:
+            os.rename(folder, self.cache.ready)
+        except OSError:  # another process published first: its entry holds the same pairs
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        log.info("disk cache ready: %s", self.cache.ready)
+
+
+def disk_cached(
+    pairs: tf.data.Dataset,
+    cache: DiskCache,
+    *,
+    shuffle: bool,
+    seed: int | None,
+    deterministic: bool,
+    after: Batcher | None = None,
+    shuffle_buffer: int = 1,
+) -> tf.data.Dataset:
+    """uint8 pairs in record order -> the same pairs, from the cache once it is built.
+
+    Shuffled, a cached pass reads the parts in a new order, each from a new random
+    record. ``after`` (fixed layout only) turns the pass into batches: the first pass
+    shuffles decoded pairs and batches them; a cached pass shuffles the byte records,
+    batches them and decodes each batch with one op per field.
+    """
+    builder = CacheBuilder(cache)
+
+    def build_pass() -> tf.data.Dataset:
+        def write(index, pair):
+            image, mask = pair
+            written = tf.py_function(builder.write, [index, image, mask], Tout=tf.bool)
+            with tf.control_dependencies([written]):
+                return tf.identity(image), tf.identity(mask)
+
+        built = pairs.enumerate().map(write)  # sequential: records reach the writer in order
+        return built if after is None else after(_shuffled(built, shuffle, shuffle_buffer, seed))
+
+    def cached_pass() -> tf.data.Dataset:
+        parts = cache.parts(shuffle=shuffle, seed=seed)
+        layout = cache.layout
+        if after is None:
+            return layout.pairs(parts, deterministic=deterministic)
+        assert isinstance(layout, FixedLayout)  # the plan batches at the cache only then
+        records = _shuffled(
+            layout.byte_records(parts, deterministic=deterministic), shuffle, shuffle_buffer, seed
+        )
+        return after(records).map(
+            layout.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        )
+
+    def one_pass(_) -> tf.data.Dataset:
+        ready = tf.py_function(cache.is_ready, [], Tout=tf.bool)
+        return tf.cond(ready, cached_pass, build_pass)
+
+    return tf.data.Dataset.range(1).flat_map(one_pass)
+
+
+def _shuffled(
+    dataset: tf.data.Dataset, shuffle: bool, buffer: int, seed: int | None
+) -> tf.data.Dataset:
+    if not shuffle:
+        return dataset
+    return dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)

@@ -1,0 +1,199 @@
+"""ReadPlan: every decision of one ``tfshards.read`` call, made once, before any stage runs.
+
+The plan holds the split's shards, the decoded shape and decoder, the ordering, the
+cache plan, sizing, batching and finishing. The stages (``stages.py``) only look
+things up in it; none decides anything the plan already decided.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from tfshards.errors import OptionsError
+from tfshards.readers.decode import (
+    Augment,
+    PairDecoder,
+    finisher,
+    is_keras_layer,
+    layer_augmenter,
+    pair_decoder,
+)
+from tfshards.readers.options import (
+    SHUFFLE_BUFFER_BYTES,
+    CachePlan,
+    Ordering,
+    ReadOptions,
+    ordering,
+)
+from tfshards.readers.shards import SplitShards, split_shards
+from tfshards.readers.sizing import Sizing
+from tfshards.schemas.format import compression
+
+Finish = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
+Shape = tuple[int | None, int | None, int]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Batch size (per replica), whether the last short batch is dropped, and the count."""
+
+    size: int
+    drop_remainder: bool
+    records: int
+
+    @property
+    def count(self) -> int:
+        if self.drop_remainder:
+            return self.records // self.size
+        return math.ceil(self.records / self.size)
+
+
+@dataclass(frozen=True)
+class Finishing:
+    """uint8 pairs -> output: ``finish`` (dtype, per-pair augment, one-hot) and an optional
+    Keras layer applied to whole finished batches."""
+
+    finish: Finish
+    per_pair_augment: bool
+    layer: Finish | None
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """One read() call's decisions. ``batches_at`` says where pairs become batches:
+
+    "decode": streamed raw/deflate records of one size are batched as serialized
+        records and decoded a batch at a time;
+    "cache": the fixed-size disk cache batches (its cached passes decode whole batches
+        of byte records);
+    "pairs": decoded pairs are shuffled, sized and batched (per-pair augment, sizing,
+        PNG/JPEG streams, the memory cache, the tf.data service).
+    """
+
+    shards: SplitShards
+    decoder: PairDecoder
+    order: Ordering
+    cache: CachePlan
+    sizing: Sizing
+    batching: Batching
+    finishing: Finishing
+    options: ReadOptions
+    seed: int | None
+    pipeline: tuple[int, int]
+    service: str | None
+    repeat: bool
+
+    @property
+    def shape(self) -> Shape:
+        return self.decoder.shape
+
+    @property
+    def streaming(self) -> bool:
+        """Records go from the shards to the batches with nothing kept between epochs."""
+        return self.cache.kind == "none" and self.service is None
+
+    @property
+    def batches_at(self) -> str:
+        if self.finishing.per_pair_augment or self.sizing.active:
+            return "pairs"
+        if self.streaming:
+            return "decode" if self.decoder.whole_batches else "pairs"
+        if self.cache.kind == "disk" and self.service is None and self.shape[0] is not None:
+            return "cache"
+        return "pairs"
+
+    def shuffle_buffer(self, *, serialized: bool) -> int:
+        """Records that fit in SHUFFLE_BUFFER_BYTES: decoded pixels, or serialized records."""
+        if self.options.shuffle_buffer is not None:
+            return self.options.shuffle_buffer
+        shards, (height, width, channels) = self.shards, self.shape
+        stored = shards.manifest.splits[shards.split].bytes // max(shards.records, 1)
+        # Native sizes are unknown before decoding: decoded pairs take about 3x a stored record.
+        record_bytes = height * width * (channels + 1) if height else 3 * stored
+        if serialized and not compression(shards.manifest.compression.type).compressed:
+            record_bytes = max(1, stored)  # records as stored: deflate/PNG/JPEG below pixels
+        return max(1, min(shards.records, 10_000, SHUFFLE_BUFFER_BYTES // record_bytes))
+
+
+def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
+    """The plan of ``read(path, **arguments)`` (read()'s keywords, all given)."""
+    a = arguments
+    options = a["options"] or ReadOptions()
+    cache = CachePlan.of(a["cache"])
+    _check_arguments(a["batch_size"], a["image_dtype"], cache, a["service"])
+    shuffle = a["split"] == "train" if a["shuffle"] is None else a["shuffle"]
+    pipeline, batch_size = (0, 1), a["batch_size"]
+    if (context := a["input_context"]) is not None:
+        pipeline = (context.input_pipeline_id, context.num_input_pipelines)
+        batch_size = context.get_per_replica_batch_size(batch_size)
+    shards = split_shards(path, a["split"], pipeline=pipeline)
+    sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
+    shape = _target_shape(shards, a["image_size"], sizing, batch_size)
+    kept = cache.kind != "none" or bool(a["service"])
+    return ReadPlan(
+        shards=shards,
+        decoder=pair_decoder(shards, shape),
+        order=ordering(shards, options, shuffle=shuffle, seed=a["seed"], cached=kept),
+        cache=cache,
+        sizing=sizing,
+        batching=Batching(batch_size, a["drop_remainder"], shards.records),
+        finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"]),
+        options=options,
+        seed=a["seed"],
+        pipeline=pipeline,
+        service=a["service"],
+        repeat=a["repeat"],
+    )
+
+
+def _finishing(
+    shards: SplitShards, augment: Augment | Any | None, image_dtype: str, one_hot: bool
+) -> Finishing:
+    """A Keras layer runs on whole finished batches (then one-hot); a function per pair."""
+    if is_keras_layer(augment):
+        layer = layer_augmenter(augment, shards, one_hot)
+        return Finishing(finisher(shards, image_dtype, None, False), False, layer)
+    return Finishing(finisher(shards, image_dtype, augment, one_hot), augment is not None, None)
+
+
+def _check_arguments(
+    batch_size: int, image_dtype: str, cache: CachePlan, service: str | None
+) -> None:
+    if batch_size < 1:
+        raise OptionsError(f"batch_size must be at least 1, got {batch_size}")
+    if image_dtype not in ("float32", "uint8"):
+        raise OptionsError(f"image_dtype must be 'float32' or 'uint8', got {image_dtype!r}")
+    if service is not None and cache.kind != "none":
+        raise OptionsError(
+            "cache and service cannot be combined: the tf.data service "
+            "workers decode on other machines; pass cache=None"
+        )
+
+
+def _target_shape(
+    shards: SplitShards, image_size: tuple[int, int] | None, sizing: Sizing, batch_size: int
+) -> Shape:
+    """The decoded shape: resized, stored, or (None, None, C) to keep each record's own."""
+    channels = shards.manifest.image.channels
+    if image_size is not None:
+        if sizing.active:
+            raise OptionsError("pass image_size (resize) or crop_size/pad_to, not both")
+        if len(image_size) != 2 or min(image_size) < 1:
+            raise OptionsError(f"image_size must be (height, width), got {image_size}")
+        return (int(image_size[0]), int(image_size[1]), channels)
+    stored = shards.manifest.image_shape
+    if stored is not None:
+        return stored
+    if sizing.active or batch_size == 1:
+        return (None, None, channels)
+    raise OptionsError(
+        "the records of this dataset differ in size, so they cannot be batched as they "
+        "are; pass crop_size=(h, w) to train on random crops, pad_to=(h, w) or "
+        "batch_size=1 to evaluate at native size, or image_size=(h, w) to resize them all"
+    )

@@ -1,0 +1,159 @@
+"""The stages of ``tfshards.read``: each a ``(Dataset, ReadPlan) -> Dataset`` function.
+
+    shard files -> records -> shuffled records -> decoded -> served -> cached
+      -> shuffled pairs -> sized -> batched -> finished -> counted
+
+A stage that does not apply to a plan returns its input. Where pairs become
+batches is the plan's ``batches_at``: at the decode (streamed raw/deflate), at the
+disk cache (fixed-size entries), or after the pairs stages.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfshards.readers.cache import DiskCache, default_cache_root, disk_cached
+from tfshards.readers.decode import decoded_batches, decoded_pairs
+from tfshards.readers.options import DEFAULT_READ_BUFFER
+from tfshards.readers.plan import ReadPlan
+from tfshards.readers.sizing import DEFAULT_PAD_LABEL, sized_pairs
+from tfshards.schemas.format import compression
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def records(files: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Shard files -> serialized records, ``cycle_length`` shards at a time."""
+    kind = compression(plan.shards.manifest.compression.type).tf_name
+    buffer = plan.options.read_buffer_bytes or DEFAULT_READ_BUFFER
+    order, block = plan.order, plan.options.block_length
+
+    def open_shard(path: tf.Tensor) -> tf.data.Dataset:
+        return tf.data.TFRecordDataset(path, compression_type=kind, buffer_size=buffer)
+
+    if order.cycle_length == 1:
+        return files.interleave(open_shard, cycle_length=1, block_length=block)
+    return files.interleave(
+        open_shard,
+        cycle_length=order.cycle_length,
+        block_length=block,
+        num_parallel_calls=AUTOTUNE,
+        deterministic=order.deterministic,
+    )
+
+
+def shuffled_records(records: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Streaming shuffles the small serialized records, not decoded pixels."""
+    if not (plan.streaming and plan.order.shuffle):
+        return records
+    buffer = plan.shuffle_buffer(serialized=True)
+    return records.shuffle(buffer, seed=plan.seed, reshuffle_each_iteration=True)
+
+
+def decoded(records: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Serialized records -> uint8 pairs, or uint8 batches when batches form here."""
+    deterministic = plan.order.deterministic
+    if plan.batches_at == "decode":
+        return decoded_batches(
+            records,
+            plan.decoder,
+            batch_size=plan.batching.size,
+            drop_remainder=plan.batching.drop_remainder,
+            deterministic=deterministic,
+        )
+    return decoded_pairs(
+        records, plan.decoder, plan.options.parse_batch_size, deterministic=deterministic
+    )
+
+
+def served(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Decoded pairs through the tf.data service, when one is given."""
+    if plan.service is None:
+        return pairs
+    return pairs.apply(tf.data.experimental.service.distribute("distributed_epoch", plan.service))
+
+
+def cached(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Pairs through the cache asked for: memory, or a disk entry (built or read)."""
+    if plan.cache.kind == "memory":
+        return pairs.cache()
+    if plan.cache.kind != "disk":
+        return pairs
+    shards = plan.shards
+    root = plan.cache.root or default_cache_root(shards.root)
+    cache = DiskCache.for_split(root, shards, plan.shape, plan.pipeline)
+    cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
+    at_cache = plan.batches_at == "cache"
+    return disk_cached(
+        pairs,
+        cache,
+        shuffle=plan.order.shuffle,
+        seed=plan.seed,
+        deterministic=plan.order.deterministic,
+        after=(lambda ds: _batch(ds, plan)) if at_cache else None,
+        shuffle_buffer=plan.shuffle_buffer(serialized=False),
+    )
+
+
+def shuffled_pairs(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Decoded pairs mixed by the shuffle buffer, anew every epoch (cache or service)."""
+    if plan.streaming or plan.batches_at != "pairs" or not plan.order.shuffle:
+        return pairs
+    buffer = plan.shuffle_buffer(serialized=False)
+    return pairs.shuffle(buffer, seed=plan.seed, reshuffle_each_iteration=True)
+
+
+def sized(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Pairs of many sizes cropped/padded to one (the plan's sizing), when asked."""
+    if not plan.sizing.active:
+        return pairs
+    ignore = plan.shards.manifest.mask.ignore_label
+    pad = DEFAULT_PAD_LABEL if ignore is None else ignore
+    return sized_pairs(pairs, plan.sizing, pad, seed=plan.seed)
+
+
+def batched(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Pairs -> batches; with a per-pair augment each pair is finished first, so random
+    transforms differ within a batch."""
+    if plan.batches_at != "pairs":
+        return pairs
+    if plan.finishing.per_pair_augment:
+        pairs = pairs.map(
+            plan.finishing.finish,
+            num_parallel_calls=AUTOTUNE,
+            deterministic=plan.order.deterministic,
+        )
+    return _batch(pairs, plan)
+
+
+def finished(batches: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Output dtypes (one vectorized op per batch), then a Keras layer on whole batches."""
+    finishing, deterministic = plan.finishing, plan.order.deterministic
+    if not finishing.per_pair_augment:  # else batched() finished each pair
+        batches = batches.map(
+            finishing.finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        )
+    if finishing.layer is not None:
+        batches = batches.map(
+            finishing.layer, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        )
+    return batches
+
+
+def counted(batches: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """Known cardinality (Keras sizes epochs by it), repeat, prefetch."""
+    batches = batches.apply(tf.data.experimental.assert_cardinality(plan.batching.count))
+    if plan.repeat:
+        batches = batches.repeat()
+    return batches.prefetch(AUTOTUNE)
+
+
+def _batch(dataset: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    # Parallel: gathering a batch of large records out of a shuffle buffer is a copy
+    # from memory far larger than the CPU caches.
+    return dataset.batch(
+        plan.batching.size,
+        drop_remainder=plan.batching.drop_remainder,
+        num_parallel_calls=AUTOTUNE,
+        deterministic=plan.order.deterministic,
+    )
