@@ -11,6 +11,8 @@ from PIL import Image
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+pytest_plugins = ["s3_server"]
+
 MEMBRANE = Path(__file__).resolve().parents[2] / "shared" / "data" / "membrane"
 
 

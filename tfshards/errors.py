@@ -35,3 +35,8 @@ class OutputError(TfshardsError):
 
 class ManifestError(TfshardsError):
     """A manifest is missing, foreign, of an unknown version, or disagrees with the shards."""
+
+
+class StorageError(TfshardsError, OSError):
+    """A file or object cannot be read or written (names the location and the cause, never
+    the credentials)."""

@@ -6,15 +6,17 @@ import os
 import random
 import statistics
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tfshards.checks.shard_io import shard_examples
+from tfshards import storage
+from tfshards.checks.shard_io import local_shard, shard_examples
+from tfshards.errors import ManifestError
 from tfshards.schemas.format import decode_pixels
 from tfshards.schemas.manifest import Manifest
+from tfshards.storage import Location, StorageOptions
 from tfshards.wording import counted
 
 
@@ -53,9 +55,9 @@ def class_weights(class_pixels: list[int]) -> list[float]:
     return [round(median / n, 4) if n else 0.0 for n in class_pixels]
 
 
-def dataset_summary(path: str | os.PathLike) -> dict[str, Any]:
-    """Everything `tfshards inspect` prints, as plain data."""
-    manifest = Manifest.load(path)
+def dataset_summary(path: Location, storage_options: StorageOptions = None) -> dict[str, Any]:
+    """Everything `tfshards inspect` prints, as plain data (``path`` may be a URL)."""
+    manifest = Manifest.load(path, storage_options)
     splits = {}
     pixels_total: list[int] = []
     for name, split in manifest.splits.items():
@@ -72,7 +74,7 @@ def dataset_summary(path: str | os.PathLike) -> dict[str, Any]:
         }
         pixels_total = [a + b for a, b in _padded(pixels_total, split.class_pixels)]
     return {
-        "path": str(Path(path).resolve()),
+        "path": storage.resolved(path),
         "records": manifest.total_records,
         "splits": splits,
         "image": asdict(manifest.image),
@@ -137,9 +139,10 @@ def write_preview(
     seed: int = 0,
     split: str | None = None,
     tile: int = 160,
+    storage_options: StorageOptions = None,
 ) -> int:
     """Draw ``count`` random pairs as rows: image, coloured mask, overlay, key. Returns rows."""
-    manifest = Manifest.load(path)
+    manifest = Manifest.load(path, storage_options)
     split = split or next(iter(manifest.splits))
     shards = manifest.splits[split].shards
     rng = random.Random(seed)
@@ -150,10 +153,13 @@ def write_preview(
     )
     rows, index = [], 0
     for shard in shards:
-        for features in shard_examples(Path(path) / shard.file, manifest.compression.type):
-            if index in wanted:
-                rows.append(_preview_row(features, tile))
-            index += 1
+        with local_shard(path, shard.file, storage_options) as local:
+            if local is None:
+                raise ManifestError(f"{storage.display(storage.join(path, shard.file))}: missing")
+            for features in shard_examples(local, manifest.compression.type):
+                if index in wanted:
+                    rows.append(_preview_row(features, tile))
+                index += 1
     palette = np.random.default_rng(PALETTE_SEED).integers(40, 256, size=(256, 3), dtype=np.uint8)
     palette[0] = 0
     label_height = 14

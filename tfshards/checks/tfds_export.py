@@ -13,12 +13,14 @@ reason.
 
 from __future__ import annotations
 
-import os
+import tempfile
 from pathlib import Path
 
+from tfshards import storage
 from tfshards.errors import OptionsError
 from tfshards.schemas.format import ENCODINGS, TFDS_FILES
 from tfshards.schemas.manifest import Manifest
+from tfshards.storage import Location, StorageOptions
 
 TFDS_FILE_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
 
@@ -45,9 +47,14 @@ def tfds_problems(manifest: Manifest) -> list[str]:
     return problems
 
 
-def export_tfds(path: str | os.PathLike, *, name: str = "tfshards_dataset") -> list[Path]:
-    """Write dataset_info.json and features.json beside the shards; return their paths."""
-    manifest = Manifest.load(path)
+def export_tfds(
+    path: Location, *, name: str = "tfshards_dataset", storage_options: StorageOptions = None
+) -> list[Location]:
+    """Write dataset_info.json and features.json beside the shards; return their paths.
+
+    For a dataset in a bucket both are written locally (the shards are not read again)
+    and uploaded beside the manifest."""
+    manifest = Manifest.load(path, storage_options)
     problems = tfds_problems(manifest)
     if problems:
         raise OptionsError("TFDS cannot load this dataset: " + "; ".join(problems))
@@ -57,7 +64,18 @@ def export_tfds(path: str | os.PathLike, *, name: str = "tfshards_dataset") -> l
         raise OptionsError(
             'TFDS metadata needs tensorflow-datasets: pip install "tfshards[tfds]"'
         ) from None
+    if storage.is_url(path):
+        with tempfile.TemporaryDirectory(prefix="tfshards-tfds-") as tmp:
+            _write_metadata(tfds, manifest, Path(tmp), name, check_data=False)
+            for file in TFDS_FILES:
+                storage.put(Path(tmp) / file, storage.join(path, file), storage_options)
+        return [storage.join(path, file) for file in TFDS_FILES]
     root = Path(path).resolve()
+    _write_metadata(tfds, manifest, root, name, check_data=True)
+    return [root / file for file in TFDS_FILES]
+
+
+def _write_metadata(tfds, manifest: Manifest, root: Path, name: str, *, check_data: bool) -> None:
     template = tfds.core.ShardedFileTemplate(
         data_dir=root, template=TFDS_FILE_TEMPLATE, dataset_name=name, filetype_suffix="tfrecord"
     )
@@ -75,10 +93,9 @@ def export_tfds(path: str | os.PathLike, *, name: str = "tfshards_dataset") -> l
         features=_features(tfds, manifest),
         split_infos=split_infos,
         filename_template=template,
-        check_data=True,
+        check_data=check_data,
         description="Image/mask pairs converted by tfshards; see tfshards.json.",
     )
-    return [root / file for file in TFDS_FILES]
 
 
 def _features(tfds, manifest: Manifest):

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tfshards.checks.shard_io import file_sha256, shard_examples
+from tfshards import storage
+from tfshards.checks.shard_io import file_sha256, local_shard, shard_examples
 from tfshards.errors import ManifestError
 from tfshards.schemas.format import OWN_NAMES, SHARD_LIKE, decode_pixels, index_path
 from tfshards.schemas.manifest import Manifest, ShardInfo
 from tfshards.schemas.record import FIELDS
+from tfshards.storage import Location, StorageOptions
 
 
 @dataclass
@@ -31,7 +33,7 @@ class ShardCheck:
 
 @dataclass
 class VerifyReport:
-    path: Path
+    path: Location
     quick: bool
     shards: list[ShardCheck]
     problems: list[str] = field(default_factory=list)
@@ -62,43 +64,52 @@ def verify(
     *,
     quick: bool = False,
     progress: Callable[[int], None] | None = None,
+    storage_options: StorageOptions = None,
 ) -> VerifyReport:
     """Check a converted dataset; the report says what is wrong, shard by shard.
+
+    ``path`` may be a URL (``s3://bucket/shards``): each shard is then downloaded to a
+    temporary folder, checked and removed, one at a time.
 
     >>> report = tfshards.verify("shards/")  # doctest: +SKIP
     >>> report.ok, [s.problems for s in report.shards if not s.ok]  # doctest: +SKIP
     """
-    root = Path(path)
+    root = path if storage.is_url(path) else Path(path)
     try:
-        manifest = Manifest.load(root)
+        manifest = Manifest.load(root, storage_options)
     except ManifestError as exc:
         return VerifyReport(root, quick, [], [str(exc)])
     report = VerifyReport(root, quick, [])
-    report.problems += _stray_files(root, manifest)
+    report.problems += _stray_files(root, manifest, storage_options)
     keys: dict[bytes, str] = {}
     for split, info in manifest.splits.items():
         for shard in info.shards:
             check = ShardCheck(split, shard.file, shard.records)
             report.shards.append(check)
-            if _file_matches(root / shard.file, shard, check) and not quick:
-                _check_records(root / shard.file, manifest, check, keys)
+            with local_shard(root, shard.file, storage_options) as local:
+                if _file_matches(local, shard, check) and not quick:
+                    _check_records(local, manifest, check, keys)
             if progress is not None:
                 progress(1)
     return report
 
 
-def _stray_files(root: Path, manifest: Manifest) -> list[str]:
+def _stray_files(root: Location, manifest: Manifest, storage_options: StorageOptions) -> list[str]:
     listed = {s.file for split in manifest.splits.values() for s in split.shards}
     listed |= {index_path(Path(name)).name for name in listed}
+    if storage.is_url(root):
+        names = [n for n in storage.walk(root, storage_options) if "/" not in n]
+    else:
+        names = sorted(os.listdir(root))
     return [
         f"stray file {name!r} looks like a shard but is not in the manifest"
-        for name in sorted(os.listdir(root))
+        for name in names
         if name not in listed and name not in OWN_NAMES and SHARD_LIKE.search(name)
     ]
 
 
-def _file_matches(path: Path, shard: ShardInfo, check: ShardCheck) -> bool:
-    if not path.is_file():
+def _file_matches(path: Path | None, shard: ShardInfo, check: ShardCheck) -> bool:
+    if path is None or not path.is_file():
         check.problems.append("missing")
         return False
     size = path.stat().st_size

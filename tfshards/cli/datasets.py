@@ -12,6 +12,19 @@ from tfshards.errors import TfshardsError
 log = logging.getLogger("tfshards")
 
 
+def add_storage_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--storage-option KEY=VALUE``, repeatable: fsspec options for URLs (s3://, gs://)."""
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an fsspec option for s3://, gs://... locations, repeatable (e.g. "
+        "profile=training, endpoint_url=http://127.0.0.1:9000, anon=true); credentials "
+        "are better left to the environment or config files. Never printed.",
+    )
+
+
 def add_cache(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "cache",
@@ -48,15 +61,19 @@ def add_export_tfds(sub: argparse._SubParsersAction) -> None:
         "represent uncompressed shards whose records share one size, with PNG/JPEG images "
         "(keep, png, jpeg) or raw images and masks; other datasets are refused with the reason.",
     )
-    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("dir", help="dataset folder or URL (holding tfshards.json)")
     p.add_argument("--name", default="tfshards_dataset", help="TFDS dataset name")
+    add_storage_option(p)
     p.set_defaults(run=_run_export_tfds, tensorflow=True)
 
 
 def _run_export_tfds(args: argparse.Namespace) -> int:
     from tfshards.checks.tfds_export import export_tfds
+    from tfshards.storage import parse_options
 
-    written = export_tfds(args.dir, name=args.name)
+    written = export_tfds(
+        args.dir, name=args.name, storage_options=parse_options(args.storage_option)
+    )
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
@@ -70,8 +87,9 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
         "agree, mask values below num_classes, keys unique across splits. Exit 0 when all "
         "holds, 1 naming each bad shard.",
     )
-    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("dir", help="dataset folder or URL such as s3://bucket/shards")
     p.add_argument("--quick", action="store_true", help="check sizes and hashes only")
+    add_storage_option(p)
     p.set_defaults(run=_run_verify)
 
 
@@ -80,13 +98,15 @@ def _run_verify(args: argparse.Namespace) -> int:
 
     from tfshards.checks.verify import verify
     from tfshards.schemas.manifest import Manifest
+    from tfshards.storage import parse_options
 
+    options = parse_options(args.storage_option)
     try:
-        total = sum(len(s.shards) for s in Manifest.load(args.dir).splits.values())
+        total = sum(len(s.shards) for s in Manifest.load(args.dir, options).splits.values())
     except TfshardsError:
         total = None
     with tqdm(total=total, unit="shard", disable=args.quiet) as bar:
-        report = verify(args.dir, quick=args.quick, progress=bar.update)
+        report = verify(args.dir, quick=args.quick, progress=bar.update, storage_options=options)
     print(report.table())
     if not report.ok:
         print(f"tfshards verify: error: {args.dir} failed verification", file=sys.stderr)
@@ -100,8 +120,9 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
         description="Print splits, counts, shard sizes, encodings, source, seed, skipped pairs, "
         "the class pixel histogram and suggested class weights (median frequency balancing).",
     )
-    p.add_argument("dir", help="dataset folder (holding tfshards.json)")
+    p.add_argument("dir", help="dataset folder or URL such as s3://bucket/shards")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_storage_option(p)
     p.add_argument("--preview", metavar="PNG", help="draw random pairs: image, mask, overlay")
     p.add_argument("--count", type=int, default=8, help="pairs in the preview (default 8)")
     p.add_argument("--split", help="split to preview (default: the first)")
@@ -113,12 +134,19 @@ def _run_inspect(args: argparse.Namespace) -> int:
     import json
 
     from tfshards.checks.inspect import dataset_summary, summary_text, write_preview
+    from tfshards.storage import parse_options
 
-    summary = dataset_summary(args.dir)
+    options = parse_options(args.storage_option)
+    summary = dataset_summary(args.dir, storage_options=options)
     print(json.dumps(summary, indent=2) if args.json else summary_text(summary))
     if args.preview:
         rows = write_preview(
-            args.dir, args.preview, count=args.count, seed=args.seed, split=args.split
+            args.dir,
+            args.preview,
+            count=args.count,
+            seed=args.seed,
+            split=args.split,
+            storage_options=options,
         )
         log.info("wrote a preview of %d pairs to %s", rows, args.preview)
     return 0

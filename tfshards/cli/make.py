@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+from tfshards.cli.datasets import add_storage_option
 from tfshards.converters.options import (
     AUTO_MASK_ENCODING,
     COMPRESSION_CHOICES,
@@ -19,6 +20,7 @@ from tfshards.converters.options import (
 )
 from tfshards.errors import OptionsError
 from tfshards.schemas.format import ENCODINGS, MASK_ENCODINGS
+from tfshards.storage import join, parse_options
 from tfshards.wording import counted
 
 log = logging.getLogger("tfshards")
@@ -54,8 +56,12 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
 def _add_input_args(p: argparse.ArgumentParser) -> None:
     """Input folders, name patterns, unpaired files."""
     g = p.add_argument_group("input and pairing")
-    g.add_argument("--images", required=True, help="folder of images (walked recursively)")
-    g.add_argument("--masks", help="folder of masks (default: --images, with name patterns)")
+    g.add_argument(
+        "--images",
+        required=True,
+        help="folder of images (walked recursively), or a URL such as s3://bucket/images",
+    )
+    g.add_argument("--masks", help="folder or URL of masks (default: --images, with name patterns)")
     g.add_argument("--image-pattern", help="image file name pattern, e.g. 'image_{key}.png'")
     g.add_argument("--mask-pattern", help="mask file name pattern, e.g. '{key}_mask.png'")
     g.add_argument(
@@ -194,7 +200,10 @@ def _add_shard_args(g: argparse._ArgumentGroup) -> None:
 def _add_output_args(p: argparse.ArgumentParser) -> None:
     """The output folder, workers, runner, resume and overwrite."""
     g = p.add_argument_group("output and execution")
-    g.add_argument("--out", required=True, help="output folder")
+    g.add_argument(
+        "--out", required=True, help="output folder, or a URL such as s3://bucket/prefix"
+    )
+    add_storage_option(g)
     g.add_argument("--workers", type=int, help="parallel processes (default: all cores)")
     g.add_argument(
         "--runner",
@@ -223,7 +232,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 # ConvertRun fields the CLI derives instead of taking a flag of the same name.
-_RUN_FROM_CLI = ("progress", "runner")
+_RUN_FROM_CLI = ("progress", "runner", "storage_options")
 
 
 def _run_convert(args: argparse.Namespace) -> int:
@@ -240,13 +249,14 @@ def _run_convert(args: argparse.Namespace) -> int:
         **{f.name: given[f.name] for f in fields(ConvertRun) if f.name not in _RUN_FROM_CLI},
         progress=not args.quiet,
         runner=runner,
+        storage_options=parse_options(args.storage_option),
     )
     result = run_conversion(args.images, args.masks, args.out, options, run)
     print(conversion_summary(result))
     if args.tfds_metadata:
         from tfshards.schemas.format import TFDS_FILES
 
-        print("wrote TFDS metadata: " + ", ".join(str(Path(args.out) / f) for f in TFDS_FILES))
+        print("wrote TFDS metadata: " + ", ".join(str(join(args.out, f)) for f in TFDS_FILES))
     return 0
 
 
@@ -335,7 +345,6 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from tfshards.demo import run_demo
 

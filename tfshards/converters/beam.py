@@ -9,9 +9,13 @@ shards and the manifest are byte-identical to a local conversion of the same inp
     tfshards convert --images data/images --masks data/masks --out /shared/shards \\
         --runner beam --beam-option=--runner=DirectRunner --beam-option=--direct_num_workers=2
 
-Workers write shards and their journal entries straight into ``--out``, so every
-worker must see the input folders and the output folder at the same paths (a local
-disk for DirectRunner; a shared file system such as NFS or GCS FUSE on a cluster).
+Workers read the inputs and write shards and their journal entries by path or URL
+through :mod:`tfshards.storage`: with ``--images gs://...`` and ``--out gs://...`` a
+Dataflow job needs no FUSE mount (each worker writes a shard to its local disk,
+hashes it and uploads it whole). With local paths every worker must see the same
+folders (a local disk for DirectRunner; a shared file system on a cluster).
+Storage options (``--storage-option``) travel with the pipeline to the workers; on
+Dataflow prefer the workers' service account to keys in options.
 
 Inside a user's own pipeline, apply :class:`WriteShards` to a PCollection of
 ``tfshards.converters.planning.ShardSpec``.
@@ -25,12 +29,14 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
+from tfshards import storage
 from tfshards.converters.options import ConvertOptions
-from tfshards.converters.output import result_from_json, write_json_atomic
+from tfshards.converters.output import result_from_json
 from tfshards.converters.planning import ShardSpec
 from tfshards.converters.shard_job import ShardResult, write_shard
 from tfshards.errors import OptionsError
 from tfshards.schemas.format import journal_entry
+from tfshards.storage import Location, StorageOptions
 
 try:
     import apache_beam as beam
@@ -43,10 +49,20 @@ def _require_beam() -> None:
         raise OptionsError('the Beam runner needs Apache Beam: pip install "tfshards[beam]"')
 
 
-def _write_one(spec: ShardSpec, options: ConvertOptions, channels: int, out: str) -> str:
+def _write_one(
+    spec: ShardSpec,
+    options: ConvertOptions,
+    channels: int,
+    out: str,
+    storage_options: StorageOptions = None,
+) -> str:
     """Write one shard and its journal entry; return the shard's file name."""
-    result = write_shard(spec, options, channels, Path(out))
-    write_json_atomic(journal_entry(Path(out), result.file), asdict(result))
+    target = out if storage.is_url(out) else Path(out)
+    result = write_shard(spec, options, channels, target, None, storage_options)
+    entry = journal_entry(target, result.file)
+    if not storage.is_url(out):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+    storage.write_bytes(entry, json.dumps(asdict(result)).encode(), storage_options)
     return result.file
 
 
@@ -55,16 +71,23 @@ if beam is not None:
     class WriteShards(beam.PTransform):
         """PCollection[ShardSpec] -> PCollection[str]: shard files written into ``out``."""
 
-        def __init__(self, options: ConvertOptions, channels: int, out: str) -> None:
+        def __init__(
+            self,
+            options: ConvertOptions,
+            channels: int,
+            out: str,
+            storage_options: StorageOptions = None,
+        ) -> None:
             super().__init__()
             self.options, self.channels, self.out = options, channels, out
+            self.storage_options = storage_options
 
         def expand(self, specs):
             return (
                 specs
                 | "Spread shards over workers" >> beam.Reshuffle()
                 | "Decode, validate, encode, write"
-                >> beam.Map(_write_one, self.options, self.channels, self.out)
+                >> beam.Map(_write_one, self.options, self.channels, self.out, self.storage_options)
             )
 
 
@@ -76,17 +99,21 @@ def beam_runner(beam_args: str | list[str] | None = None):
     args = shlex.split(beam_args) if isinstance(beam_args, str) else list(beam_args or [])
 
     def run(
-        specs: list[ShardSpec], options: ConvertOptions, channels: int, out: Path
+        specs: list[ShardSpec],
+        options: ConvertOptions,
+        channels: int,
+        out: Location,
+        storage_options: StorageOptions = None,
     ) -> Iterable[ShardResult]:
         if specs:
             with beam.Pipeline(options=PipelineOptions(args)) as pipeline:
                 _ = (
                     pipeline
                     | "Planned shards" >> beam.Create(specs)
-                    | WriteShards(options, channels, str(out))
+                    | WriteShards(options, channels, str(out), storage_options)
                 )
         for spec in specs:
-            entry = journal_entry(Path(out), spec.file_name)
-            yield result_from_json(json.loads(entry.read_text()))
+            entry = journal_entry(out, spec.file_name)
+            yield result_from_json(json.loads(storage.read_bytes(entry, storage_options)))
 
     return run

@@ -16,9 +16,11 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
+from tfshards import storage
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.errors import TfshardsError
+from tfshards.storage import StorageOptions
 
 SAMPLE_MASKS = 16
 log = logging.getLogger("tfshards")
@@ -28,13 +30,18 @@ class MaskValuesError(TfshardsError):
     """The masks hold values a loss cannot take as class indices, and no option says why."""
 
 
-def sample_mask_values(pairs: Sequence[Pair], count: int = SAMPLE_MASKS) -> set[int]:
+def sample_mask_values(
+    pairs: Sequence[Pair], count: int = SAMPLE_MASKS, storage_options: StorageOptions = None
+) -> set[int]:
     """Distinct values of up to ``count`` masks spread over the dataset (unreadable: skipped)."""
     step = max(1, len(pairs) // count)
     values: set[int] = set()
     for pair in pairs[::step][:count]:
         try:
-            with Image.open(pair.mask) as mask:
+            with (
+                storage.open_file(pair.mask, "rb", storage_options) as handle,
+                Image.open(handle) as mask,
+            ):
                 pixels = np.asarray(mask if mask.mode in ("L", "P", "1") else mask.convert("L"))
         except Exception:  # noqa: BLE001 - the conversion reports unreadable files per pair
             continue

@@ -174,6 +174,7 @@ def write_json_atomic(path: Path, body: dict) -> None:
 
 
 def result_from_json(body: dict) -> ShardResult:
+    body.pop("uploaded", None)  # a bucket journal's object version (bucket_output.py)
     body["skipped"] = [SkippedPair(**item) for item in body["skipped"]]
     body["image_sizes"] = [tuple(size) for size in body["image_sizes"]]
     return ShardResult(**body)

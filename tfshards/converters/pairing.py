@@ -13,9 +13,12 @@ import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+from tfshards import storage
 from tfshards.errors import OptionsError, PairingError
+from tfshards.storage import Location, StorageOptions
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 SHOWN_PATHS = 5
@@ -24,16 +27,16 @@ SHOWN_PATHS = 5
 @dataclass(frozen=True)
 class Pair:
     key: str
-    image: Path
-    mask: Path
+    image: Location  # a Path, or a URL string for inputs in a bucket
+    mask: Location
 
 
 @dataclass(frozen=True)
 class PairingReport:
     pairs: list[Pair]
-    unmatched_images: list[Path] = field(default_factory=list)
-    unmatched_masks: list[Path] = field(default_factory=list)
-    duplicate_keys: dict[str, list[Path]] = field(default_factory=dict)
+    unmatched_images: list[Location] = field(default_factory=list)
+    unmatched_masks: list[Location] = field(default_factory=list)
+    duplicate_keys: dict[str, list[Location]] = field(default_factory=dict)
     ignored_files: int = 0
 
     @property
@@ -56,7 +59,7 @@ class PairingReport:
         return lines
 
 
-def _listing(what: str, paths: list[Path]) -> str:
+def _listing(what: str, paths: list[Location]) -> str:
     shown = ", ".join(str(p) for p in paths[:SHOWN_PATHS])
     more = " ..." if len(paths) > SHOWN_PATHS else ""
     return f"{len(paths)} {what}: {shown}{more}"
@@ -80,35 +83,31 @@ class KeyPattern:
         return match.group("key") if match else None
 
 
-def _walk_files(root: Path) -> list[str]:
+def _walk_files(root: Location, storage_options: StorageOptions = None) -> list[str]:
     """Paths of all files under root relative to it ('/'-separated), sorted.
 
     Strings, not Path objects: listing and sorting a million files stays fast.
-    Directory links are not followed, so a link loop cannot hang the walk.
+    Local folders: directory links are not followed, so a link loop cannot hang the walk.
+    URLs (``s3://bucket/images``) are listed through :mod:`tfshards.storage`.
     """
-    if not root.is_dir():
+    if not storage.isdir(root, storage_options):
         # A path given on the command line that is no folder is bad usage (exit 2).
-        raise OptionsError(f"{root}: not a folder; check --images and --masks")
-    found: list[str] = []
-
-    def on_error(exc: OSError) -> None:
-        raise PairingError(f"{exc.filename}: cannot list folder ({exc.strerror})") from exc
-
-    top = os.fspath(root)
-    for folder, subfolders, files in os.walk(top, onerror=on_error):
-        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
-        prefix = os.path.relpath(folder, top).replace(os.sep, "/")
-        prefix = "" if prefix == "." else prefix + "/"
-        found.extend(prefix + name for name in files)
-    found.sort()
-    return found
+        raise OptionsError(f"{storage.display(root)}: not a folder; check --images and --masks")
+    try:
+        return storage.walk(root, storage_options, skip_hidden_folders=True)
+    except OSError as exc:
+        where = exc.filename or storage.display(root)
+        raise PairingError(f"{where}: cannot list folder ({exc.strerror or exc})") from exc
 
 
-def _keyed_files(root: Path, pattern: KeyPattern | None) -> tuple[dict[str, list[Path]], int]:
+def _keyed_files(
+    root: Location, pattern: KeyPattern | None, storage_options: StorageOptions = None
+) -> tuple[dict[str, list[Location]], int]:
     """Map key -> files under root that match; also count the files ignored."""
-    keyed: dict[str, list[Path]] = defaultdict(list)
+    keyed: dict[str, list[Location]] = defaultdict(list)
     ignored = 0
-    for relative in _walk_files(root):
+    join = partial(storage.join, root) if storage.is_url(root) else Path(root).joinpath
+    for relative in _walk_files(root, storage_options):
         folder, _, name = relative.rpartition("/")
         stem, dot, suffix = name.rpartition(".")
         if name.startswith(".") or not dot or f".{suffix.lower()}" not in IMAGE_SUFFIXES:
@@ -122,7 +121,7 @@ def _keyed_files(root: Path, pattern: KeyPattern | None) -> tuple[dict[str, list
                 ignored += 1
                 continue
             key = f"{folder}/{name_key}" if folder else name_key
-        keyed[key].append(root / relative)
+        keyed[key].append(join(relative))
     return keyed, ignored
 
 
@@ -132,6 +131,7 @@ def pair_files(
     *,
     image_pattern: str | None = None,
     mask_pattern: str | None = None,
+    storage_options: StorageOptions = None,
 ) -> PairingReport:
     """List and pair image/mask files; the result is sorted by key and deterministic.
 
@@ -139,33 +139,46 @@ def pair_files(
     >>> report.pairs[0].key, report.problems  # doctest: +SKIP
     ('0001', [])
     """
-    images_root = Path(images)
-    masks_root = Path(masks) if masks is not None else images_root
+    images_root = _root(images)
+    masks_root = _root(masks) if masks is not None else images_root
+    same_folder = storage.resolved(images_root) == storage.resolved(masks_root)
     if (image_pattern is None) != (mask_pattern is None):
         raise OptionsError("give both --image-pattern and --mask-pattern, or neither")
-    if image_pattern is None and images_root.resolve() == masks_root.resolve():
+    if image_pattern is None and same_folder:
         raise OptionsError(
             f"images and masks are both in {images_root}: give --image-pattern and "
             "--mask-pattern (e.g. 'image_{key}.png' and 'mask_{key}.png') to tell them apart"
         )
     image_keys, ignored_images = _keyed_files(
-        images_root, KeyPattern(image_pattern) if image_pattern else None
+        images_root, KeyPattern(image_pattern) if image_pattern else None, storage_options
     )
     mask_keys, ignored_masks = _keyed_files(
-        masks_root, KeyPattern(mask_pattern) if mask_pattern else None
+        masks_root, KeyPattern(mask_pattern) if mask_pattern else None, storage_options
     )
     ignored = ignored_images + ignored_masks
-    if images_root.resolve() == masks_root.resolve():
+    if same_folder:
         # One folder walked twice: a file is ignored only if neither pattern matched it.
         matched = {p for ps in image_keys.values() for p in ps} | {
             p for ps in mask_keys.values() for p in ps
         }
-        ignored = sum(1 for p in _walk_files(images_root) if images_root / p not in matched)
+        join = (
+            partial(storage.join, images_root)
+            if storage.is_url(images_root)
+            else Path(images_root).joinpath
+        )
+        ignored = sum(
+            1 for p in _walk_files(images_root, storage_options) if join(p) not in matched
+        )
     return _match(image_keys, mask_keys, ignored)
 
 
+def _root(location: str | os.PathLike) -> Location:
+    """A URL stays a string (``Path`` would fold ``s3://`` into ``s3:/``); paths become Paths."""
+    return location if storage.is_url(location) else Path(location)
+
+
 def _match(
-    image_keys: dict[str, list[Path]], mask_keys: dict[str, list[Path]], ignored: int
+    image_keys: dict[str, list[Location]], mask_keys: dict[str, list[Location]], ignored: int
 ) -> PairingReport:
     duplicates = {
         key: image_keys.get(key, []) + mask_keys.get(key, [])

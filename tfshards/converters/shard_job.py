@@ -6,21 +6,24 @@ This runs in worker processes, which import neither TensorFlow nor tqdm.
 from __future__ import annotations
 
 import multiprocessing
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from tfshards import storage
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.converters.planning import ShardSpec
 from tfshards.converters.validation import PreparedPair, pair_stage, prepare_pair
 from tfshards.converters.writer import ShardWriter
 from tfshards.errors import PairError
-from tfshards.schemas.format import image_encoding, mask_encoding
+from tfshards.schemas.format import image_encoding, index_path, mask_encoding
 from tfshards.schemas.manifest import SkippedPair
 from tfshards.schemas.record import EncodedPair
+from tfshards.storage import Location, StorageOptions
 
 ProgressCallback = Callable[[int, int], None]  # (pairs done, source bytes read)
 
@@ -41,8 +44,32 @@ def write_shard(
     spec: ShardSpec,
     options: ConvertOptions,
     channels: int,
-    out_dir: Path,
+    out_dir: Location,
     progress: ProgressCallback | None = None,
+    storage_options: StorageOptions = None,
+) -> ShardResult:
+    """Write one shard into a folder, or into a bucket: then it is written to a local
+    temporary folder (``TMPDIR``), hashed while written, and uploaded whole, its index
+    file first."""
+    if not storage.is_url(out_dir):
+        return _write_file(spec, options, channels, Path(out_dir), progress, storage_options)
+    with tempfile.TemporaryDirectory(prefix="tfshards-shard-") as tmp:
+        result = _write_file(spec, options, channels, Path(tmp), progress, storage_options)
+        local = Path(tmp) / spec.file_name
+        if options.index:
+            index = index_path(local)
+            storage.put(index, storage.join(out_dir, index.name), storage_options)
+        storage.put(local, storage.join(out_dir, spec.file_name), storage_options)
+    return result
+
+
+def _write_file(
+    spec: ShardSpec,
+    options: ConvertOptions,
+    channels: int,
+    out_dir: Path,
+    progress: ProgressCallback | None,
+    storage_options: StorageOptions,
 ) -> ShardResult:
     class_pixels = np.zeros(256, dtype=np.int64)
     sizes: list[tuple[int, int]] = []
@@ -55,7 +82,7 @@ def write_shard(
     ) as writer:
         for pair in spec.pairs:
             try:
-                prepared, record = _encoded(pair, options, channels)
+                prepared, record = _encoded(pair, options, channels, storage_options)
             except PairError as exc:
                 if options.on_error == "fail":
                     raise
@@ -80,9 +107,11 @@ def write_shard(
     )
 
 
-def _encoded(pair: Pair, options: ConvertOptions, channels: int) -> tuple[PreparedPair, bytes]:
+def _encoded(
+    pair: Pair, options: ConvertOptions, channels: int, storage_options: StorageOptions
+) -> tuple[PreparedPair, bytes]:
     """Decode, check and encode one pair into a record; PairError for anything wrong."""
-    prepared = prepare_pair(pair, options, channels)
+    prepared = prepare_pair(pair, options, channels, storage_options)
     with pair_stage(pair, pair.image, "image"):
         image, image_format = image_encoding(options.encoding).encode(
             prepared.image, prepared.image_source
@@ -113,9 +142,13 @@ def init_worker(queue: multiprocessing.Queue) -> None:
 
 
 def write_shard_in_worker(
-    spec: ShardSpec, options: ConvertOptions, channels: int, out_dir: Path
+    spec: ShardSpec,
+    options: ConvertOptions,
+    channels: int,
+    out_dir: Location,
+    storage_options: StorageOptions = None,
 ) -> ShardResult:
     def progress(pairs: int, source_bytes: int) -> None:
         _worker_queue.put((pairs, source_bytes))
 
-    return write_shard(spec, options, channels, out_dir, progress)
+    return write_shard(spec, options, channels, out_dir, progress, storage_options)

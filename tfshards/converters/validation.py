@@ -29,15 +29,16 @@ import signal
 import threading
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from tfshards import storage
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.errors import PairError
 from tfshards.schemas.format import SourceFile
+from tfshards.storage import Location, StorageOptions
 
 _EXIF_ORIENTATION = 0x0112
 _GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
@@ -51,7 +52,7 @@ _EQUAL_CHANNEL_MODES = frozenset({"RGB", "RGBA", "RGBX", "RGBa"})
 
 
 @contextlib.contextmanager
-def pair_stage(pair: Pair, path: Path, field: str):
+def pair_stage(pair: Pair, path: Location, field: str):
     """Turn any failure on one file into a PairError naming the key, file and cause."""
     try:
         yield
@@ -70,20 +71,25 @@ class PreparedPair:
     mask_source: SourceFile
 
 
-def image_channels(path: Path) -> int:
+def image_channels(path: Location, storage_options: StorageOptions = None) -> int:
     """The channel count 'auto' picks for a dataset whose first image is ``path``."""
     try:
-        with Image.open(path) as image:
+        with storage.open_file(path, "rb", storage_options) as handle, Image.open(handle) as image:
             return 1 if image.mode in _GRAY_MODES else 3
     except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
-        raise PairError(path.stem, str(path), "image", f"cannot read ({exc})") from exc
+        stem = storage.name(path).rpartition(".")[0]
+        raise PairError(stem, storage.display(path), "image", f"cannot read ({exc})") from exc
 
 
-def prepare_pair(pair: Pair, options: ConvertOptions, channels: int) -> PreparedPair:
+def prepare_pair(
+    pair: Pair, options: ConvertOptions, channels: int, storage_options: StorageOptions = None
+) -> PreparedPair:
     with pair_stage(pair, pair.image, "image"):
-        image, image_data, image_format, image_rotated = _open(pair, pair.image, "image")
+        image, image_data, image_format, image_rotated = _open(
+            pair, pair.image, "image", storage_options
+        )
     with pair_stage(pair, pair.mask, "mask"):
-        mask, mask_data, mask_format, mask_rotated = _open(pair, pair.mask, "mask")
+        mask, mask_data, mask_format, mask_rotated = _open(pair, pair.mask, "mask", storage_options)
     if image.size != mask.size:
         raise PairError(
             pair.key,
@@ -113,7 +119,9 @@ def prepare_pair(pair: Pair, options: ConvertOptions, channels: int) -> Prepared
     )
 
 
-def _open(pair: Pair, path: Path, field: str) -> tuple[Image.Image, bytes, str, bool]:
+def _open(
+    pair: Pair, path: Location, field: str, storage_options: StorageOptions
+) -> tuple[Image.Image, bytes, str, bool]:
     """Read, decode fully and EXIF-orient one file."""
 
     def fail(reason: str, exc: BaseException | None = None) -> PairError:
@@ -122,7 +130,7 @@ def _open(pair: Pair, path: Path, field: str) -> tuple[Image.Image, bytes, str, 
         return error
 
     try:
-        data = path.read_bytes()
+        data = storage.read_bytes(path, storage_options)
     except OSError as exc:
         raise fail(f"cannot read ({exc.strerror or exc})", exc) from exc
     if not data:

@@ -41,7 +41,9 @@ from typing import BinaryIO
 import numpy as np
 from PIL import Image
 
+from tfshards import storage
 from tfshards.errors import OptionsError
+from tfshards.storage import Location
 
 JPEG_QUALITY = 95
 # zlib level 1 for deflate: measured on 256x256 RGB, level 3 is 0.7% smaller at 1.3x
@@ -349,5 +351,5 @@ def index_path(shard: Path) -> Path:
     return shard.with_name(shard.name + INDEX_SUFFIX)
 
 
-def journal_entry(out: Path, shard_file: str) -> Path:
-    return out / WORK_NAME / JOURNAL_DONE / f"{shard_file}.json"
+def journal_entry(out: Location, shard_file: str) -> Location:
+    return storage.join(out, WORK_NAME, JOURNAL_DONE, f"{shard_file}.json")

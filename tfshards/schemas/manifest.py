@@ -33,9 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfshards import storage
 from tfshards.errors import ManifestError
 from tfshards.schemas.format import COMPRESSIONS, ENCODINGS, MANIFEST_NAME, temporary_path
 from tfshards.schemas.record import SCHEMA_VERSION, schema_description
+from tfshards.storage import Location, StorageOptions
 
 FORMAT_NAME = "tfshards"
 
@@ -154,8 +156,12 @@ class Manifest:
         }
         return json.dumps(body, indent=2, sort_keys=False) + "\n"
 
-    def save(self, folder: Path) -> Path:
+    def save(self, folder: Location, storage_options: StorageOptions = None) -> Location:
         """Write atomically: a reader sees the old manifest, no manifest, or this one."""
+        if storage.is_url(folder):  # one upload: an object appears whole
+            path = storage.join(folder, MANIFEST_NAME)
+            storage.write_bytes(path, self.to_json().encode("utf-8"), storage_options)
+            return path
         path = Path(folder) / MANIFEST_NAME
         tmp = temporary_path(path)
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -196,7 +202,19 @@ class Manifest:
             raise ManifestError(f"{where}: malformed manifest ({exc!r})") from exc
 
     @classmethod
-    def load(cls, folder: str | os.PathLike) -> Manifest:
+    def load(cls, folder: Location, storage_options: StorageOptions = None) -> Manifest:
+        """Read ``folder/tfshards.json``; ``folder`` may be a URL (``s3://bucket/prefix``)."""
+        if storage.is_url(folder):
+            path = storage.join(folder, MANIFEST_NAME)
+            try:
+                data = storage.read_bytes(path, storage_options)
+            except FileNotFoundError:
+                raise ManifestError(
+                    f"{storage.display(path)}: no manifest; is {storage.display(folder)} a "
+                    "dataset written by `tfshards convert`? (an interrupted conversion has no "
+                    "manifest until it completes)"
+                ) from None
+            return cls.from_json(data.decode("utf-8"), where=storage.display(path))
         path = Path(folder) / MANIFEST_NAME
         if not path.is_file():
             raise ManifestError(
