@@ -69,16 +69,21 @@ class Server:
             self.process.wait()
 
 
-def start_moto(port: int | None = None) -> Server:
+def start_moto(port: int | None = None, *, log: Path | None = None) -> Server:
+    """moto's S3 server; with ``log``, its request log (one line per HTTP request) goes
+    there, so tests can count the requests a reader made."""
     program = _program("moto_server")
     if program is None:
         pytest.skip('moto_server is not installed (pip install "tfshards[test]")')
     port = port or free_port()
+    sink = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(
         [program, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=sink,
     )
+    if log is not None:
+        sink.close()  # the child holds its own descriptor
     endpoint = f"http://127.0.0.1:{port}"
     _wait_until_up(f"{endpoint}/moto-api/", process, "moto_server")
     return Server(endpoint, process)

@@ -7,9 +7,12 @@ Ordering: file shuffle, cycle length and determinism, decided in one place.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from tfshards.converters.options import parse_size
 from tfshards.errors import OptionsError
 from tfshards.readers.shards import SplitShards
 
@@ -36,6 +39,15 @@ class ReadOptions:
         not shuffling or when a seed is given).
     crop_scale: with ``read(crop_size=...)``, scale each pair by a random factor in
         (low, high) before cropping (default: no scaling).
+
+    A dataset at a URL (``s3://``, ``gs://``, any fsspec protocol) is read through a local
+    shard cache:
+    storage_options: passed to fsspec (credentials, endpoint, ...); never logged.
+    shard_cache: the folder of downloaded shards (default: ``shards/`` under the user
+        cache folder, ``$XDG_CACHE_HOME/tfshards`` or ``~/.cache/tfshards``).
+    shard_cache_limit: most bytes of shards kept there, e.g. ``"50GiB"`` (default: no
+        limit); least recently used shards are evicted first.
+    download_ahead: shards downloaded at once, ahead of the reader (default 4).
     """
 
     cycle_length: int | None = None
@@ -45,14 +57,22 @@ class ReadOptions:
     read_buffer_bytes: int | None = None
     deterministic: bool | None = None
     crop_scale: tuple[float, float] | None = None
+    storage_options: Mapping[str, Any] | None = None
+    shard_cache: str | os.PathLike | None = None
+    shard_cache_limit: int | str | None = None
+    download_ahead: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("cycle_length", "shuffle_buffer", "read_buffer_bytes"):
+        if isinstance(self.shard_cache_limit, str):
+            object.__setattr__(self, "shard_cache_limit", parse_size(self.shard_cache_limit))
+        for name in ("cycle_length", "shuffle_buffer", "read_buffer_bytes", "shard_cache_limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionsError(f"{name} must be at least 1, got {value}")
-        if self.block_length < 1 or self.parse_batch_size < 1:
-            raise OptionsError("block_length and parse_batch_size must be at least 1")
+        if min(self.block_length, self.parse_batch_size, self.download_ahead) < 1:
+            raise OptionsError(
+                "block_length, parse_batch_size and download_ahead must be at least 1"
+            )
 
 
 @dataclass(frozen=True)

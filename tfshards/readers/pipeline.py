@@ -1,6 +1,6 @@
 """`tfshards.read`: a tf.data pipeline over the shards of one split, as a chain of stages.
 
-    shard files -> records -> shuffled records -> decoded -> served -> cached
+    shard records (source) -> shuffled records -> decoded -> served -> cached
       -> shuffled pairs -> sized -> batched -> finished -> counted
 
 Every decision is made once, in a :class:`ReadPlan` (``plan.py``); each stage
@@ -22,10 +22,9 @@ from tfshards.readers import stages
 from tfshards.readers.decode import Augment
 from tfshards.readers.options import ReadOptions
 from tfshards.readers.plan import plan_read
-from tfshards.readers.source import shard_files
+from tfshards.readers.source import shard_records
 
 STAGES = (
-    stages.records,
     stages.shuffled_records,
     stages.decoded,
     stages.served,
@@ -102,7 +101,7 @@ def read(
         service=service,
         options=options,
     )
-    dataset = shard_files(plan)
+    dataset = shard_records(plan)
     for stage in STAGES:
         dataset = stage(dataset, plan)
     return dataset

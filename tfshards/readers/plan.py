@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
+from tfshards.readers.cache import user_cache_dir
 from tfshards.readers.decode import (
     Augment,
     PairDecoder,
@@ -31,6 +33,7 @@ from tfshards.readers.options import (
     ReadOptions,
     ordering,
 )
+from tfshards.readers.shard_cache import shard_cache_key
 from tfshards.readers.shards import SplitShards, split_shards
 from tfshards.readers.sizing import Sizing
 from tfshards.schemas.format import compression
@@ -65,6 +68,18 @@ class Finishing:
 
 
 @dataclass(frozen=True)
+class Downloads:
+    """How a remote dataset's shards reach the local shard cache: where, how many bytes at
+    most, how many downloads run ahead of the reader, how many shards stay marked in use."""
+
+    folder: Path
+    limit: int | None
+    ahead: int
+    keep: int  # shards marked in use at once
+    cycle_length: int | None = None  # at most this many shards read at once
+
+
+@dataclass(frozen=True)
 class ReadPlan:
     """One read() call's decisions. ``batches_at`` says where pairs become batches:
 
@@ -88,6 +103,7 @@ class ReadPlan:
     pipeline: tuple[int, int]
     service: str | None
     repeat: bool
+    downloads: Downloads | None = None  # None: local shards, read where they are
 
     @property
     def shape(self) -> Shape:
@@ -132,14 +148,20 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     if (context := a["input_context"]) is not None:
         pipeline = (context.input_pipeline_id, context.num_input_pipelines)
         batch_size = context.get_per_replica_batch_size(batch_size)
-    shards = split_shards(path, a["split"], pipeline=pipeline)
+    shards = split_shards(
+        path, a["split"], pipeline=pipeline, storage_options=options.storage_options
+    )
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
     kept = cache.kind != "none" or bool(a["service"])
+    order = ordering(shards, options, shuffle=shuffle, seed=a["seed"], cached=kept)
+    downloads = _downloads(shards, options, order.cycle_length) if shards.remote else None
+    if downloads is not None and downloads.cycle_length is not None:  # fit the limit
+        order = replace(order, cycle_length=downloads.cycle_length)
     return ReadPlan(
         shards=shards,
         decoder=pair_decoder(shards, shape),
-        order=ordering(shards, options, shuffle=shuffle, seed=a["seed"], cached=kept),
+        order=order,
         cache=cache,
         sizing=sizing,
         batching=Batching(batch_size, a["drop_remainder"], shards.records),
@@ -149,7 +171,34 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         pipeline=pipeline,
         service=a["service"],
         repeat=a["repeat"],
+        downloads=downloads,
     )
+
+
+def _downloads(shards: SplitShards, options: ReadOptions, cycle_length: int) -> Downloads:
+    """The shard cache of a remote dataset. With a limit, the shards open at once (up to
+    twice the cycle length: tf.data opens the next ones early), those downloading ahead
+    and the one arriving must fit in it together."""
+    root = Path(options.shard_cache) if options.shard_cache else user_cache_dir() / "shards"
+    folder = root / shard_cache_key(shards.manifest)
+    ahead, limit = options.download_ahead, options.shard_cache_limit
+    if limit is None:
+        return Downloads(folder, None, ahead, _open_at_once(cycle_length) + ahead)
+    largest = max(shard.bytes for shard in shards.shards)
+    fit = limit // max(largest, 1)
+    if fit < 3:
+        raise OptionsError(
+            f"shard_cache_limit={limit} bytes holds {fit} of this dataset's shards (the "
+            f"largest is {largest / 2**20:.1f} MiB); reading needs room for at least 3: "
+            "raise the limit, or convert with smaller shards (--shard-size)"
+        )
+    cycle = max(c for c in range(1, cycle_length + 1) if _open_at_once(c) + 2 <= fit)
+    ahead = max(1, min(ahead, fit - 1 - _open_at_once(cycle)))
+    return Downloads(folder, limit, ahead, _open_at_once(cycle), cycle)
+
+
+def _open_at_once(cycle_length: int) -> int:
+    return 1 if cycle_length == 1 else 2 * cycle_length
 
 
 def _finishing(

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfshards import storage
 from tfshards.errors import ManifestError
 from tfshards.schemas.format import COMPRESSIONS
 from tfshards.schemas.manifest import Manifest, ShardInfo
@@ -19,7 +20,12 @@ class SplitShards:
     split: str
     paths: tuple[str, ...]
     shards: tuple[ShardInfo, ...]
-    root: Path  # the dataset folder
+    root: Path | str  # the dataset folder, or its URL
+
+    @property
+    def remote(self) -> bool:
+        """The shards are at a URL: read through the local shard cache."""
+        return isinstance(self.root, str)
 
     @property
     def records(self) -> int:
@@ -54,14 +60,16 @@ def split_shards(
     *,
     pipeline: tuple[int, int] = (0, 1),
     manifest: Manifest | None = None,
+    storage_options: storage.StorageOptions = None,
 ) -> SplitShards:
     """Shards of ``split`` for input pipeline ``(index, count)``, with sizes checked.
 
-    Sizes are compared with the manifest at open (cheap); hashes are checked
-    by ``tfshards verify``.
+    Local sizes are compared with the manifest at open (cheap); hashes are checked
+    by ``tfshards verify``. Remote shards are checked (size and sha256) as they are
+    downloaded into the shard cache.
     """
-    root = Path(root).resolve()
-    manifest = manifest or Manifest.load(root)
+    root = str(root).rstrip("/") if storage.is_url(root) else Path(root).resolve()
+    manifest = manifest or Manifest.load(root, storage_options)
     if split not in manifest.splits:
         raise ManifestError(
             f"{root}: no split {split!r}; this dataset has {', '.join(manifest.splits)} "
@@ -78,6 +86,9 @@ def split_shards(
             "reading it; convert with --num-shards of at least the number of pipelines"
         )
     mine = tuple(shards[index::count])
+    if isinstance(root, str):
+        paths = [storage.join(root, shard.file) for shard in mine]
+        return SplitShards(manifest, split, tuple(paths), mine, root)
     paths = []
     for shard in mine:
         path = root / shard.file

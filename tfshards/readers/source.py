@@ -1,17 +1,94 @@
-"""Where the shard bytes come from: the first stage, and the only one that knows paths."""
+"""Where the shard bytes come from: the first stage, and the only one that knows paths.
+
+    shard files (this epoch's order) -> records, ``cycle_length`` shards at a time
+
+Local shards are read where they are. Shards at a URL are downloaded whole into the
+local shard cache (``shard_cache.py``), ``download_ahead`` at a time ahead of the
+reader in this epoch's shard order, and tf.data reads the local copies as it reads
+any file. A copy is marked in use from when its shard is opened until its last
+record has been read, so the cache's limit never evicts a shard being read.
+"""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tfshards.readers.options import DEFAULT_READ_BUFFER
 from tfshards.readers.plan import ReadPlan
+from tfshards.readers.shard_cache import ShardCache
+from tfshards.schemas.format import compression
+
+AUTOTUNE = tf.data.AUTOTUNE
 
 
-def shard_files(plan: ReadPlan) -> tf.data.Dataset:
-    """The split's shard files for this input pipeline, reshuffled every epoch when the
-    ordering asks for it."""
-    paths = list(plan.shards.paths)
-    files = tf.data.Dataset.from_tensor_slices(paths)
-    if plan.order.shuffle_files:
-        files = files.shuffle(len(paths), seed=plan.seed, reshuffle_each_iteration=True)
-    return files
+def shard_records(plan: ReadPlan) -> tf.data.Dataset:
+    """Serialized records of the split's shards for this input pipeline."""
+    shards = plan.shards
+    kind = compression(shards.manifest.compression.type).tf_name
+    buffer = plan.options.read_buffer_bytes or DEFAULT_READ_BUFFER
+
+    def read_file(path: tf.Tensor) -> tf.data.Dataset:
+        return tf.data.TFRecordDataset(path, compression_type=kind, buffer_size=buffer)
+
+    if plan.downloads is None:
+        files = _epoch_order(tf.data.Dataset.from_tensor_slices(list(shards.paths)), plan)
+        return _interleaved(files, read_file, plan)
+    return _downloaded_records(plan, read_file)
+
+
+def _epoch_order(files: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    if not plan.order.shuffle_files:
+        return files
+    count = len(plan.shards.shards)
+    return files.shuffle(count, seed=plan.seed, reshuffle_each_iteration=True)
+
+
+def _interleaved(files: tf.data.Dataset, read_file, plan: ReadPlan) -> tf.data.Dataset:
+    order, block = plan.order, plan.options.block_length
+    if order.cycle_length == 1:
+        return files.interleave(read_file, cycle_length=1, block_length=block)
+    return files.interleave(
+        read_file,
+        cycle_length=order.cycle_length,
+        block_length=block,
+        num_parallel_calls=AUTOTUNE,
+        deterministic=order.deterministic,
+    )
+
+
+def _downloaded_records(plan: ReadPlan, read_file) -> tf.data.Dataset:
+    """Shard indices in this epoch's order: each announced ``ahead`` shards before it is
+    opened (a background download), fetched when opened, released after its last record."""
+    downloads, shards = plan.downloads, plan.shards.shards
+    cache = ShardCache(
+        downloads.folder,
+        plan.shards.root,
+        limit=downloads.limit,
+        keep=downloads.keep,
+        ahead=downloads.ahead,
+        storage_options=plan.options.storage_options,
+    )
+
+    def announce(index: tf.Tensor) -> tf.Tensor:
+        def start(i) -> int:
+            cache.prefetch(shards[int(i)])
+            return int(i)
+
+        return tf.ensure_shape(tf.py_function(start, [index], Tout=tf.int64), [])
+
+    def read_shard(index: tf.Tensor) -> tf.data.Dataset:
+        path = tf.py_function(lambda i: cache.fetch(shards[int(i)]), [index], Tout=tf.string)
+        released = tf.data.Dataset.from_tensors(index).map(
+            lambda i: tf.py_function(lambda j: _release(cache, shards[int(j)]), [i], tf.string)
+        )
+        done = released.filter(lambda _: False)  # runs once the shard's records are read
+        return read_file(tf.ensure_shape(path, [])).concatenate(done)
+
+    indices = _epoch_order(tf.data.Dataset.range(len(shards)), plan)
+    announced = indices.map(announce).prefetch(downloads.ahead)
+    return _interleaved(announced, read_shard, plan)
+
+
+def _release(cache: ShardCache, shard) -> bytes:
+    cache.release(shard)
+    return b""

@@ -1,6 +1,6 @@
 """The stages of ``tfshards.read``: each a ``(Dataset, ReadPlan) -> Dataset`` function.
 
-    shard files -> records -> shuffled records -> decoded -> served -> cached
+    shard records (source.py) -> shuffled records -> decoded -> served -> cached
       -> shuffled pairs -> sized -> batched -> finished -> counted
 
 A stage that does not apply to a plan returns its input. Where pairs become
@@ -14,32 +14,10 @@ import tensorflow as tf
 
 from tfshards.readers.cache import DiskCache, default_cache_root, disk_cached
 from tfshards.readers.decode import decoded_batches, decoded_pairs
-from tfshards.readers.options import DEFAULT_READ_BUFFER
 from tfshards.readers.plan import ReadPlan
 from tfshards.readers.sizing import DEFAULT_PAD_LABEL, sized_pairs
-from tfshards.schemas.format import compression
 
 AUTOTUNE = tf.data.AUTOTUNE
-
-
-def records(files: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
-    """Shard files -> serialized records, ``cycle_length`` shards at a time."""
-    kind = compression(plan.shards.manifest.compression.type).tf_name
-    buffer = plan.options.read_buffer_bytes or DEFAULT_READ_BUFFER
-    order, block = plan.order, plan.options.block_length
-
-    def open_shard(path: tf.Tensor) -> tf.data.Dataset:
-        return tf.data.TFRecordDataset(path, compression_type=kind, buffer_size=buffer)
-
-    if order.cycle_length == 1:
-        return files.interleave(open_shard, cycle_length=1, block_length=block)
-    return files.interleave(
-        open_shard,
-        cycle_length=order.cycle_length,
-        block_length=block,
-        num_parallel_calls=AUTOTUNE,
-        deterministic=order.deterministic,
-    )
 
 
 def shuffled_records(records: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:

@@ -181,8 +181,11 @@ def _fingerprint(shards: SplitShards, shape: Shape, pipeline: tuple[int, int]) -
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def default_cache_root(dataset: Path) -> Path:
-    """Beside the shards when that folder is writable, else in the user's cache folder."""
+def default_cache_root(dataset: Path | str) -> Path:
+    """Beside the shards when that folder is writable, else in the user's cache folder
+    (always there for a dataset at a URL)."""
+    if isinstance(dataset, str):
+        return user_cache_dir() / "decoded" / hashlib.sha256(dataset.encode()).hexdigest()[:16]
     beside = dataset / CACHE_DIR_NAME
     if os.access(dataset, os.W_OK):
         return beside
