@@ -89,7 +89,9 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
                 compression=compression,
                 progress=False,
             )
-    for stale in (*tmp.glob("*cache*"), *(tmp / n / ".tfshards-cache" for n, _, _ in CONVERSIONS)):
+    from tfshards.schemas.format import CACHE_DIR_NAME
+
+    for stale in (*tmp.glob("*cache*"), *(tmp / n / CACHE_DIR_NAME for n, _, _ in CONVERSIONS)):
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(True)
     rows = with_bare_read_ratio(measure_rows(tmp, args))
     print(
@@ -158,7 +160,9 @@ def augmentation():
 
 
 def _entry(cache: Path) -> Path:
-    (entry,) = [p for p in cache.iterdir() if (p / "ready").is_dir()]
+    from tfshards.readers.cache import list_caches
+
+    (entry,) = [e.path for e in list_caches(cache) if e.state == "ready"]
     return entry
 
 
@@ -304,10 +308,10 @@ def disk_rows(tmp: Path, by_name: dict[str, dict]) -> list[dict]:
 
 
 def _folder_bytes(folder: Path) -> int:
+    from tfshards.schemas.format import CACHE_DIR_NAME
+
     return sum(
-        p.stat().st_size
-        for p in folder.rglob("*")
-        if p.is_file() and ".tfshards-cache" not in p.parts
+        p.stat().st_size for p in folder.rglob("*") if p.is_file() and CACHE_DIR_NAME not in p.parts
     )
 
 

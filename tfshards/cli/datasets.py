@@ -8,6 +8,7 @@ import logging
 import sys
 
 from tfshards.errors import TfshardsError
+from tfshards.schemas.format import CACHE_DIR_NAME
 
 log = logging.getLogger("tfshards")
 
@@ -33,7 +34,7 @@ def add_cache(sub: argparse._SubParsersAction) -> None:
         "or a cache folder given to read(cache=...), or remove them all.",
     )
     p.add_argument("action", choices=("list", "clear"), help="list entries, or remove them")
-    p.add_argument("dir", help="dataset folder (its .tfshards-cache) or cache folder")
+    p.add_argument("dir", help=f"dataset folder (its {CACHE_DIR_NAME}) or cache folder")
     p.set_defaults(run=_run_cache, tensorflow=True)
 
 
