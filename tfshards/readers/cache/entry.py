@@ -32,6 +32,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from tfshards import storage
 from tfshards.errors import TfshardsError
 from tfshards.readers.cache.layouts import CACHE_PARTS, PartLayout, Shape, layout_for, part_count
 from tfshards.readers.shards import SplitShards
@@ -236,8 +237,9 @@ class CacheEntry:
 
 
 def list_caches(root: str | os.PathLike) -> list[CacheEntry]:
-    """Cache entries under a cache root or a dataset folder (its cache folder)."""
-    root = _cache_root_of(Path(root))
+    """Cache entries under a cache root, a dataset folder (its cache folder), or a
+    dataset's URL (its decoded cache under the user cache folder)."""
+    root = _cache_root_of(root)
     if not root.is_dir():
         return []
     entries = []
@@ -257,5 +259,8 @@ def clear_caches(root: str | os.PathLike) -> int:
     return freed
 
 
-def _cache_root_of(path: Path) -> Path:
+def _cache_root_of(location: str | os.PathLike) -> Path:
+    if storage.is_url(location):
+        return default_cache_root(str(location).rstrip("/"))
+    path = Path(location)
     return path / CACHE_DIR_NAME if (path / CACHE_DIR_NAME).is_dir() else path
