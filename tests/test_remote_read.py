@@ -185,9 +185,13 @@ def test_shard_check_error_is_raised_by_the_cache_itself(local_dataset, s3_bucke
     from tfshards.readers.shard_cache import ShardCache
 
     url = uploaded(local_dataset, f"{s3_bucket}/ds")
+    (tmp_path / "c").mkdir()
+    abandoned = tmp_path / "c" / ".download-999999999-train-00000-of-00016.tfrecord"
+    abandoned.write_bytes(b"partial")
     shard = tfshards.Manifest.load(local_dataset).splits["train"].shards[0]
     storage.write_bytes(f"{url}/{shard.file}", b"truncated")
     cache = ShardCache(tmp_path / "c", url)
+    assert not abandoned.exists(), "a dead process's partial download is removed"
     with pytest.raises(ShardCheckError, match=r"downloaded 9 bytes but the manifest says"):
         cache.fetch(shard)
     assert cache.downloads == 2

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tfshards import storage
 from tfshards.errors import TfshardsError
+from tfshards.readers.cache.entry import process_alive
 from tfshards.schemas.manifest import Manifest, ShardInfo
 
 LOCKS_DIR = ".locks"
@@ -87,6 +88,7 @@ class ShardCache:
         self._room = threading.Lock()
         self._reserved = 0  # bytes of this process's downloads in flight
         (folder / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_downloads(folder)
 
     def prefetch(self, shard: ShardInfo) -> None:
         """Download ``shard`` in the background unless it is here or on its way."""
@@ -227,6 +229,14 @@ class ShardCache:
                 used // 2**20,
                 self.limit // 2**20,
             )
+
+
+def _remove_abandoned_downloads(folder: Path) -> None:
+    """Partial downloads of processes that no longer run (killed mid-download)."""
+    for partial in folder.glob(f"{DOWNLOAD_PREFIX}*"):
+        pid = partial.name[len(DOWNLOAD_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            partial.unlink(missing_ok=True)
 
 
 def _mtime(path: Path) -> float:

@@ -203,11 +203,11 @@ def _remove_abandoned_builds(entry: Path) -> None:
     host = socket.gethostname()
     for folder in entry.glob(f"{BUILDING_PREFIX}*"):
         parts = folder.name[len(BUILDING_PREFIX) :].rsplit("-", 2)
-        if len(parts) == 3 and parts[0] == host and not _process_alive(int(parts[1])):
+        if len(parts) == 3 and parts[0] == host and not process_alive(int(parts[1])):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

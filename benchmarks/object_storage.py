@@ -1,0 +1,186 @@
+"""Datasets in a bucket: converting into it and streaming from it through the local shard
+cache, against the same dataset on local disk, in one run.
+
+    python benchmarks/object_storage.py --count 2000 --size 256
+
+The bucket is moto's S3 server on 127.0.0.1 (started here; it shares this machine's
+cores with the reader). Rows, each the median of --repeats passes with the spread
+((max - min) / median), pairs/s and process CPU ms per pair:
+  local_stream      tfshards.read of the local dataset (float32, batch 32, shuffled)
+  bucket_cold       the same from the bucket, each pass with an empty shard cache
+  bucket_warm       the same from the bucket, shard cache already filled
+  bare_download     every shard fetched with the same client (s3fs get_file), nothing
+                    else, converted to pairs/s: the server's pace
+  convert_local     tfshards.convert into a local folder (one pass each)
+  convert_bucket    tfshards.convert into the bucket (shards built locally, uploaded)
+Then the targets as ratios. The page cache is warm for the local rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import markdown_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+BATCH = 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=2000, help="pairs (default 2000)")
+    parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes per row (default 3)")
+    args = parser.parse_args()
+    from s3_server import s3_environment, start_moto
+
+    server = start_moto()
+    os.environ.update(s3_environment(server.endpoint))
+    try:
+        with tempfile.TemporaryDirectory(prefix="tfshards-bucket-bench-") as tmp:
+            run(Path(tmp), args)
+    finally:
+        server.stop()
+
+
+def run(tmp: Path, args: argparse.Namespace) -> None:
+    import s3fs
+
+    import tfshards
+
+    s3fs.S3FileSystem().mkdir("tfshards-bench")
+    url = "s3://tfshards-bench/shards"
+    tfshards.synth(tmp / "data", count=args.count, size=args.size, seed=0)
+    images, masks = tmp / "data" / "images", tmp / "data" / "masks"
+    rows = []
+    local, bucket = [], []
+    for attempt in range(args.repeats):  # alternating, so drift hits both alike
+        shutil.rmtree(tmp / "shards", ignore_errors=True)
+        local.append(
+            _timed(lambda: tfshards.convert(images, masks, tmp / "shards", progress=False))
+        )
+        bucket.append(
+            _timed(lambda: tfshards.convert(images, masks, url, progress=False, overwrite=True))
+        )
+        del attempt
+    pairs = args.count
+    rows += [row("convert_local", local, pairs), row("convert_bucket", bucket, pairs)]
+    train = tfshards.Manifest.load(tmp / "shards").splits["train"].records
+    rows.append(row("local_stream", _passes(lambda: _read(tmp / "shards", tmp / "x"), args), train))
+    cold = []
+    for attempt in range(args.repeats + 1):
+        folder = tmp / f"cold-{attempt}"
+        cold.append(_timed(lambda f=folder: _drain(_read(url, f))))
+        shutil.rmtree(folder)
+    rows.append(row("bucket_cold", cold[1:], train))
+    warm_folder = tmp / "warm"
+    _drain(_read(url, warm_folder))
+    rows.append(row("bucket_warm", _passes(lambda: _read(url, warm_folder), args), train))
+    rows.append(row("bare_download", _bare_downloads(url, tmp, args.repeats), train))
+    by = {r["row"]: r for r in rows}
+    print(
+        f"{args.count} pairs ({train} in train), {args.size}x{args.size} RGB, default conversion "
+        f"(deflate), batch {BATCH}, float32; moto S3 server on 127.0.0.1 sharing the "
+        f"{os.cpu_count()} cores; median of {args.repeats} passes"
+    )
+    print(markdown_table(rows))
+    print()
+    print(markdown_table(targets(by)))
+
+
+def _read(location, shard_cache: Path):
+    import tfshards
+
+    options = tfshards.ReadOptions(shard_cache=shard_cache)
+    return tfshards.read(location, batch_size=BATCH, seed=0, options=options)
+
+
+def _drain(dataset) -> int:
+    return sum(int(images.shape[0]) for images, _ in dataset)
+
+
+def _timed(job) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process and its finished children)."""
+    cpu = _cpu()
+    started = time.perf_counter()
+    job()
+    return time.perf_counter() - started, _cpu() - cpu
+
+
+def _cpu() -> float:
+    import resource
+
+    own = time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own + children.ru_utime + children.ru_stime
+
+
+def _passes(make, args) -> list[tuple[float, float]]:
+    dataset = make()
+    _drain(dataset)  # warm-up: TensorFlow's kernels and graph caches
+    return [_timed(lambda: _drain(dataset)) for _ in range(args.repeats)]
+
+
+def _bare_downloads(url: str, tmp: Path, repeats: int) -> list[tuple[float, float]]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    names = [n for n in fs.find(url.removeprefix("s3://")) if "/train-" in n]
+    results = []
+    for attempt in range(repeats):
+        target = tmp / f"bare-{attempt}"
+        target.mkdir()
+        results.append(
+            _timed(lambda t=target: [fs.get_file(n, str(t / n.rsplit("/", 1)[1])) for n in names])
+        )
+        shutil.rmtree(target)
+    return results
+
+
+def row(name: str, results: list[tuple[float, float]], pairs: int) -> dict:
+    rates = [pairs / seconds for seconds, _ in results]
+    middle = statistics.median(rates)
+    return {
+        "row": name,
+        "pairs_per_s": round(middle),
+        "spread": round((max(rates) - min(rates)) / middle, 2),
+        "cpu_ms_per_pair": round(statistics.median(1000 * cpu / pairs for _, cpu in results), 3),
+    }
+
+
+def targets(by: dict[str, dict]) -> list[dict]:
+    local, bare = by["local_stream"]["pairs_per_s"], by["bare_download"]["pairs_per_s"]
+    checks = [
+        ("bucket warm >= 0.95x local stream", by["bucket_warm"]["pairs_per_s"], local, 0.95),
+        (
+            "bucket cold >= 0.8x min(local stream, bare download)",
+            by["bucket_cold"]["pairs_per_s"],
+            min(local, bare),
+            0.8,
+        ),
+        (
+            "convert into bucket >= 0.8x convert to local disk",
+            by["convert_bucket"]["pairs_per_s"],
+            by["convert_local"]["pairs_per_s"],
+            0.8,
+        ),
+    ]
+    return [
+        {
+            "target": text,
+            "ratio": round(ours / ref, 2),
+            "met": "yes" if ours / ref >= goal else "no",
+        }
+        for text, ours, ref, goal in checks
+    ]
+
+
+if __name__ == "__main__":
+    main()
