@@ -13,7 +13,9 @@ cores with the reader). Rows, each the median of --repeats passes with the sprea
                     else, converted to pairs/s: the server's pace
   convert_local     tfshards.convert into a local folder (one pass each)
   convert_bucket    tfshards.convert into the bucket (shards built locally, uploaded)
-Then the targets as ratios. The page cache is warm for the local rows.
+server_cpu_ms_per_pair is the S3 server's own CPU time in that row (it runs on the same
+2 cores as the reader here; a real object store does not). Then the targets as ratios.
+The page cache is warm for the local rows.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from _common import markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 BATCH = 32
+SERVER_PID = 0  # the S3 server's process, whose CPU time each row reports
 
 
 def main() -> None:
@@ -43,6 +46,8 @@ def main() -> None:
 
     server = start_moto()
     os.environ.update(s3_environment(server.endpoint))
+    global SERVER_PID
+    SERVER_PID = server.process.pid
     try:
         with tempfile.TemporaryDirectory(prefix="tfshards-bucket-bench-") as tmp:
             run(Path(tmp), args)
@@ -106,12 +111,17 @@ def _drain(dataset) -> int:
     return sum(int(images.shape[0]) for images, _ in dataset)
 
 
-def _timed(job) -> tuple[float, float]:
-    """(seconds, CPU seconds of this process and its finished children)."""
-    cpu = _cpu()
+def _timed(job) -> tuple[float, float, float]:
+    """(seconds, CPU seconds of this process and its finished children, of the server)."""
+    cpu, server = _cpu(), _server_cpu()
     started = time.perf_counter()
     job()
-    return time.perf_counter() - started, _cpu() - cpu
+    return time.perf_counter() - started, _cpu() - cpu, _server_cpu() - server
+
+
+def _server_cpu() -> float:
+    fields = Path(f"/proc/{SERVER_PID}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _cpu() -> float:
@@ -122,13 +132,13 @@ def _cpu() -> float:
     return own + children.ru_utime + children.ru_stime
 
 
-def _passes(make, args) -> list[tuple[float, float]]:
+def _passes(make, args) -> list[tuple[float, float, float]]:
     dataset = make()
     _drain(dataset)  # warm-up: TensorFlow's kernels and graph caches
     return [_timed(lambda: _drain(dataset)) for _ in range(args.repeats)]
 
 
-def _bare_downloads(url: str, tmp: Path, repeats: int) -> list[tuple[float, float]]:
+def _bare_downloads(url: str, tmp: Path, repeats: int) -> list[tuple[float, float, float]]:
     import s3fs
 
     fs = s3fs.S3FileSystem()
@@ -144,14 +154,17 @@ def _bare_downloads(url: str, tmp: Path, repeats: int) -> list[tuple[float, floa
     return results
 
 
-def row(name: str, results: list[tuple[float, float]], pairs: int) -> dict:
-    rates = [pairs / seconds for seconds, _ in results]
+def row(name: str, results: list[tuple[float, float, float]], pairs: int) -> dict:
+    rates = [pairs / seconds for seconds, _, _ in results]
     middle = statistics.median(rates)
     return {
         "row": name,
         "pairs_per_s": round(middle),
         "spread": round((max(rates) - min(rates)) / middle, 2),
-        "cpu_ms_per_pair": round(statistics.median(1000 * cpu / pairs for _, cpu in results), 3),
+        "cpu_ms_per_pair": round(statistics.median(1000 * c / pairs for _, c, _ in results), 3),
+        "server_cpu_ms_per_pair": round(
+            statistics.median(1000 * s / pairs for _, _, s in results), 3
+        ),
     }
 
 
