@@ -132,3 +132,72 @@ def test_manifest_sections_are_typed_and_errors_name_the_field(section, field, v
     body[section] = "text"
     with pytest.raises(ManifestError, match=f"manifest field {section} is 'text'"):
         Manifest.from_json(json.dumps(body), where="m.json")
+
+
+@pytest.fixture(params=["isal", "zlib"])
+def backend(request, monkeypatch):
+    """The deflate module as installed (ISA-L) and as it falls back without isal."""
+    from tfshards.schemas import deflate
+
+    if request.param == "isal":
+        pytest.importorskip("isal")
+    else:
+        monkeypatch.setattr(deflate, "isal_zlib", None)
+        monkeypatch.setattr(deflate, "igzip", None)
+    return request.param
+
+
+def test_deflate_records_are_standard_zlib_streams(backend):
+    original = np.random.default_rng(3).integers(0, 40, (64, 48, 3), dtype=np.uint8)
+    data, stored_as = fmt.ENCODINGS["deflate"].encode(original, NO_SOURCE)
+    assert stored_as == "deflate" and len(data) < original.nbytes
+    assert zlib.decompress(data) == original.tobytes()
+    inflated = tf.io.decode_compressed(tf.constant(data), compression_type="ZLIB")
+    assert inflated.numpy() == original.tobytes()
+
+
+@pytest.mark.parametrize("name", ["gzip", "zlib"])
+@pytest.mark.parametrize("level", [0, 1, 5, 9])
+def test_shard_streams_read_with_zlib_and_tensorflow(tmp_path, backend, name, level):
+    import gzip
+
+    from tfshards.converters.writer import ShardWriter
+
+    records = [bytes(range(i % 7, 200)) * (i + 1) for i in range(20)]
+    path = tmp_path / fmt.shard_file_name("train", 0, 1, name)
+    with ShardWriter(path, compression=name, level=level) as writer:
+        for record in records:
+            writer.write(record)
+    data = path.read_bytes()
+    plain = gzip.decompress(data) if name == "gzip" else zlib.decompress(data)
+    framed = b"".join(fmt_frame(r) for r in records)
+    assert plain == framed
+    compression = fmt.COMPRESSIONS[name]
+    read = [r.numpy() for r in tf.data.TFRecordDataset(str(path), compression.tf_name)]
+    assert read == records
+    with compression.open(path) as stream:
+        assert stream.read() == framed
+
+
+def fmt_frame(record: bytes) -> bytes:
+    from tfshards.schemas.tfrecord import frame_record
+
+    return frame_record(record)
+
+
+def test_isal_levels_map_onto_its_four():
+    from tfshards.schemas import deflate
+
+    assert [deflate.isal_level(level) for level in range(1, 10)] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_compressions_state_their_properties():
+    none, gzip_, zlib_ = (fmt.COMPRESSIONS[n] for n in ("none", "gzip", "zlib"))
+    assert not none.compressed and none.index_seekable and none.tfds_readable
+    assert none.levels == range(0) and none.default_level is None and none.compressor() is None
+    for shards in (gzip_, zlib_):
+        assert shards.compressed and not shards.index_seekable and not shards.tfds_readable
+        assert shards.default_level in shards.levels and list(shards.levels) == list(range(10))
+    assert fmt.resolved_compression(fmt.AUTO) == fmt.NO_COMPRESSION
+    assert fmt.ENCODINGS["deflate"].level == 1 and fmt.ENCODINGS["jpeg"].quality == 95
+    assert {e.tfds_form for e in fmt.ENCODINGS.values()} == {fmt.TFDS_IMAGE, "ZLIB", "BYTES"}

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from tfshards.benchmarking.report import markdown, write_report
 from tfshards.benchmarking.sweep import SweepConfig, SweepResult, run_sweep
 from tfshards.errors import OptionsError
+from tfshards.schemas.format import NO_COMPRESSION
 
 log = logging.getLogger("tfshards")
 
@@ -57,7 +58,7 @@ def _config(args: argparse.Namespace, images: Path, masks: Path, work: Path) -> 
             work,
             shards=(1, 4),
             encodings=("deflate", "raw"),
-            compressions=("none",),
+            compressions=(NO_COMPRESSION,),
             cycle_lengths=(1, 4),
             repeats=1,
             max_disk_ratio=args.max_disk_ratio,

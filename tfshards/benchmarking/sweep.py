@@ -24,6 +24,7 @@ from tfshards.benchmarking.measure import (
     timed_pass_cpu,
 )
 from tfshards.errors import OptionsError
+from tfshards.schemas.format import NO_COMPRESSION
 
 log = logging.getLogger("tfshards")
 BATCH = 32
@@ -36,7 +37,7 @@ class SweepConfig:
     work: Path
     shards: tuple[int, ...] = (1, 4, 16, 64)
     encodings: tuple[str, ...] = ("deflate", "keep", "raw")
-    compressions: tuple[str, ...] = ("none", "gzip")
+    compressions: tuple[str, ...] = (NO_COMPRESSION, "gzip")
     cycle_lengths: tuple[int, ...] = (1, 4, 16)
     repeats: int = 3
     max_disk_ratio: float = 4.0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tfshards import storage
 from tfshards.errors import OptionsError
-from tfshards.schemas.format import ENCODINGS, TFDS_FILES
+from tfshards.schemas.format import COMPRESSIONS, ENCODINGS, TFDS_FILES, TFDS_IMAGE
 from tfshards.schemas.manifest import Manifest
 from tfshards.storage import Location, StorageOptions
 
@@ -28,7 +28,7 @@ TFDS_FILE_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
 def tfds_problems(manifest: Manifest) -> list[str]:
     """Why TFDS cannot load this dataset as it is; empty when it can."""
     problems = []
-    if manifest.compression.type != "none":
+    if not COMPRESSIONS[manifest.compression.type].tfds_readable:
         problems.append(
             f"shards are {manifest.compression.type}-compressed; TFDS reads "
             "uncompressed TFRecords only (convert with --compression none)"
@@ -38,7 +38,7 @@ def tfds_problems(manifest: Manifest) -> list[str]:
             "records differ in size; TFDS features need one shape (convert with --resize HxW)"
         )
     image, mask = manifest.image.encoding, manifest.mask.encoding
-    tensors = [ENCODINGS[name].tfds_tensor for name in (image, mask)]
+    tensors = [ENCODINGS[name].tfds_form != TFDS_IMAGE for name in (image, mask)]
     if any(tensors) and image != mask:
         problems.append(
             f"images ({image}) and masks ({mask}) must share a raw or deflate encoding, or "
@@ -102,14 +102,14 @@ def _features(tfds, manifest: Manifest):
     import numpy as np
 
     height, width, channels = manifest.image_shape
-    tensor_encoding = ENCODINGS[manifest.image.encoding].tfds_tensor
+    form = ENCODINGS[manifest.image.encoding].tfds_form
 
     def pixels(depth: int):
-        if tensor_encoding is not None:
+        if form != TFDS_IMAGE:
             return tfds.features.Tensor(
                 shape=(height, width, depth),
                 dtype=np.uint8,
-                encoding=getattr(tfds.features.Encoding, tensor_encoding),
+                encoding=getattr(tfds.features.Encoding, form),
             )
         return tfds.features.Image(shape=(height, width, depth))
 

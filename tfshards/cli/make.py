@@ -10,7 +10,6 @@ from pathlib import Path
 
 from tfshards.cli.datasets import add_storage_option
 from tfshards.converters.options import (
-    AUTO_MASK_ENCODING,
     COMPRESSION_CHOICES,
     ON_ERROR,
     ConvertOptions,
@@ -19,7 +18,7 @@ from tfshards.converters.options import (
     parse_size,
 )
 from tfshards.errors import OptionsError
-from tfshards.schemas.format import ENCODINGS, MASK_ENCODINGS
+from tfshards.schemas.format import AUTO, ENCODINGS, MASK_ENCODINGS
 from tfshards.storage import join, parse_options
 from tfshards.wording import counted
 
@@ -131,7 +130,7 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--mask-encoding",
-        choices=[AUTO_MASK_ENCODING, *sorted(MASK_ENCODINGS)],
+        choices=[AUTO, *sorted(MASK_ENCODINGS)],
         default=DEFAULTS.mask_encoding,
         help="mask encoding; auto (default) is the image encoding when that is deflate or "
         "raw, else keep; masks are never stored lossy",
@@ -148,7 +147,8 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
         "--compression-level",
         type=int,
         default=DEFAULTS.compression_level,
-        help="zlib level 0-9 (default 1: several times faster than 6 for a few %% more bytes)",
+        help="zlib level 0-9, made by ISA-L where installed (1-3 -> ISA-L 1, 4-6 -> 2, 7-9 -> "
+        "3) (default %(default)s: several times faster than 6 for a few %% more bytes)",
     )
     _add_shard_args(g)
 

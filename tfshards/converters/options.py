@@ -8,17 +8,20 @@ from typing import Any
 
 from tfshards.errors import OptionsError
 from tfshards.schemas.format import (
-    AUTO_COMPRESSION,
+    AUTO,
+    COMPRESSION_LEVELS,
     COMPRESSIONS,
+    DEFAULT_COMPRESSION_LEVEL,
     DEFAULT_ENCODING,
-    auto_mask_encoding,
+    compression,
     image_encoding,
     mask_encoding,
+    resolved_compression,
+    resolved_mask_encoding,
 )
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
-COMPRESSION_CHOICES = (AUTO_COMPRESSION, *COMPRESSIONS)
-AUTO_MASK_ENCODING = "auto"
+COMPRESSION_CHOICES = (AUTO, *COMPRESSIONS)
 # --binary-masks: black/white masks as classes 0 and 1 (0/1 masks pass unchanged).
 BINARY_MASK_MAP = ((0, 0), (1, 1), (255, 1))
 ON_ERROR = ("fail", "skip")
@@ -46,9 +49,9 @@ class ConvertOptions:
     """
 
     encoding: str = DEFAULT_ENCODING
-    mask_encoding: str = AUTO_MASK_ENCODING
-    compression: str = AUTO_COMPRESSION
-    compression_level: int = 1
+    mask_encoding: str = AUTO
+    compression: str = AUTO
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL
     num_shards: int | None = None
     shard_size: int = DEFAULT_SHARD_SIZE
     val_fraction: float = 0.0
@@ -66,13 +69,14 @@ class ConvertOptions:
 
     def __post_init__(self) -> None:
         image_encoding(self.encoding)
-        if self.mask_encoding != AUTO_MASK_ENCODING:
+        if self.mask_encoding != AUTO:
             mask_encoding(self.mask_encoding)
         _one_of("compression", self.compression, COMPRESSION_CHOICES)
         _one_of("on_error", self.on_error, ON_ERROR)
-        if not 0 <= self.compression_level <= 9:
+        if self.compression_level not in COMPRESSION_LEVELS:
             raise OptionsError(
-                f"compression_level must be 0..9 (zlib levels), got {self.compression_level}"
+                f"compression_level must be {COMPRESSION_LEVELS.start}.."
+                f"{COMPRESSION_LEVELS.stop - 1} (zlib levels), got {self.compression_level}"
             )
         if self.num_shards is not None and self.num_shards < 1:
             raise OptionsError(f"num_shards must be at least 1, got {self.num_shards}")
@@ -95,12 +99,13 @@ class ConvertOptions:
                 f"it stores {', '.join(map(str, allowed))}"
             )
         self._check_masks()
-        if self.tfds_metadata and self.compression not in (AUTO_COMPRESSION, "none"):
+        shards = compression(resolved_compression(self.compression))
+        if self.tfds_metadata and not shards.tfds_readable:
             raise OptionsError(
                 f"TFDS metadata needs uncompressed shards: TFDS reads no {self.compression} "
                 "TFRecords; use compression none"
             )
-        if self.index and self.compression not in (AUTO_COMPRESSION, "none"):
+        if self.index and not shards.index_seekable:
             raise OptionsError(
                 f"index files need uncompressed shards (got compression {self.compression!r}): "
                 "DALI and the tfrecord package seek to byte offsets in the file"
@@ -143,10 +148,8 @@ class ConvertOptions:
             self,
             **binary,
             channels=channels,
-            mask_encoding=auto_mask_encoding(self.encoding)
-            if self.mask_encoding == AUTO_MASK_ENCODING
-            else self.mask_encoding,
-            compression="none" if self.compression == AUTO_COMPRESSION else self.compression,
+            mask_encoding=resolved_mask_encoding(self.mask_encoding, self.encoding),
+            compression=resolved_compression(self.compression),
         )
 
     def to_json(self) -> dict[str, Any]:

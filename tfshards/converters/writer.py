@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from tfshards.schemas.format import NO_COMPRESSION, index_path, temporary_path
 from tfshards.schemas.format import compression as compression_named
-from tfshards.schemas.format import index_path, temporary_path
 from tfshards.schemas.tfrecord import frame_record
 
 _BUFFER_BYTES = 4 * 2**20
@@ -27,7 +27,12 @@ class ShardWriter:
     """
 
     def __init__(
-        self, path: Path, *, compression: str = "none", level: int = 6, index: bool = False
+        self,
+        path: Path,
+        *,
+        compression: str = NO_COMPRESSION,
+        level: int | None = None,
+        index: bool = False,
     ) -> None:
         self.path = Path(path)
         self.tmp_path = temporary_path(self.path)

@@ -11,11 +11,13 @@ and with TensorFlow (the reader):
 - ``png``:  a PNG file (8-bit; grayscale, RGB or RGBA).
 - ``jpeg``: a JPEG file (8-bit; grayscale or RGB).
 - ``raw``:  the uint8 pixels in row-major height x width x channels order.
-- ``deflate``: those raw pixels as one zlib stream (RFC 1950), level 1.
+- ``deflate``: those raw pixels as one zlib stream (RFC 1950), written by ISA-L
+  where installed, else zlib (``schemas/deflate.py``).
 
-Encodings: what the user asks for; each writes one or two pixel formats:
+Encodings: what the user asks for; each writes one or two pixel formats, and
+carries its parameters (``level``, ``quality``) and its TFDS form:
 
-- ``deflate`` (default): lossless; per record zlib, inflated in parallel by
+- ``deflate`` (default): lossless; a zlib stream per record, inflated in parallel by
   ``tf.io.decode_compressed``; on 256x256 RGB data it streams about twice as
   fast as PNG at nearly PNG's size (see benchmarks/README.md).
 - ``raw``: the largest shards; the fastest reading when the disk keeps up.
@@ -24,15 +26,16 @@ Encodings: what the user asks for; each writes one or two pixel formats:
   otherwise PNG. The fastest conversion, and the smallest shards for JPEG photos.
 - ``png``, ``jpeg``: always re-encoded. ``jpeg`` is lossy and refused for masks.
 
+Compressions: the whole-shard stream (none, gzip, zlib), each with its levels
+and default level, and whether index files can seek in it and TFDS read it.
+
 TensorFlow is imported inside the TF decoders only: conversion workers never load it.
 """
 
 from __future__ import annotations
 
-import gzip
 import io
 import re
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +46,10 @@ from PIL import Image
 
 from tfshards import storage
 from tfshards.errors import OptionsError
+from tfshards.schemas import deflate
 from tfshards.storage import Location
 
-JPEG_QUALITY = 95
-# zlib level 1 for deflate: measured on 256x256 RGB, level 3 is 0.7% smaller at 1.3x
-# the time and level 6 3% smaller at 3.3x; inflating costs the same at every level.
-DEFLATE_LEVEL = 1
+AUTO = "auto"  # an option tfshards resolves from the data (mask encoding, compression)
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 # ---------------------------------------------------------------- pixel formats
@@ -88,11 +89,7 @@ def _raw_decode(encoded: bytes, height: int, width: int, channels: int) -> np.nd
 
 
 def _deflate_decode(encoded: bytes, height: int, width: int, channels: int) -> np.ndarray:
-    try:
-        pixels = zlib.decompress(encoded)
-    except zlib.error as exc:
-        raise ValueError(f"deflate stream is corrupt ({exc})") from exc
-    return _raw_decode(pixels, height, width, channels)
+    return _raw_decode(deflate.decompress(encoded), height, width, channels)
 
 
 def _tf_image_decode(encoded, height, width, channels: int):
@@ -146,16 +143,30 @@ class SourceFile:
     reusable: bool
 
 
+TFDS_IMAGE = "image"  # tfds.features.Image reads the PNG/JPEG bytes
+
+
 @dataclass(frozen=True)
 class Encoding:
-    """A user-facing encoding: how pixels become bytes, and which formats it writes."""
+    """A user-facing encoding: how pixels become bytes, with its parameters.
+
+    tfds_form: how TFDS reads the bytes: ``TFDS_IMAGE`` (a ``tfds.features.Image``), or
+    the name of a ``tfds.features.Encoding`` of a ``Tensor`` feature (``"ZLIB"``, ``"BYTES"``).
+    level: the zlib level (0-9, see ``schemas/deflate.py``); quality: the JPEG quality.
+    """
 
     name: str
-    encode: Callable[[np.ndarray, SourceFile], tuple[bytes, str]]
+    encoder: Callable[[Encoding, np.ndarray, SourceFile], tuple[bytes, str]]
     formats: tuple[str, ...]
+    tfds_form: str
     lossless: bool = True
     channels: tuple[int, ...] = (1, 3, 4)
-    tfds_tensor: str | None = None  # a TFDS Tensor feature's encoding reads it (else Image)
+    level: int | None = None
+    quality: int | None = None
+
+    def encode(self, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+        """(encoded bytes, pixel format name) of one image or mask."""
+        return self.encoder(self, pixels, source)
 
     @property
     def batchable(self) -> bool:
@@ -166,30 +177,30 @@ class Encoding:
         return PIXEL_FORMATS[self.formats[0]].tf_decode(encoded, height, width, channels)
 
 
-def _png(pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+def _png(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
     buffer = io.BytesIO()
     Image.fromarray(_squeeze_gray(pixels)).save(buffer, format="PNG")
     return buffer.getvalue(), "png"
 
 
-def _jpeg(pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+def _jpeg(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
     buffer = io.BytesIO()
-    Image.fromarray(_squeeze_gray(pixels)).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    Image.fromarray(_squeeze_gray(pixels)).save(buffer, format="JPEG", quality=encoding.quality)
     return buffer.getvalue(), "jpeg"
 
 
-def _raw(pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+def _raw(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
     return np.ascontiguousarray(pixels, dtype=np.uint8).tobytes(), "raw"
 
 
-def _deflate(pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
-    return zlib.compress(np.ascontiguousarray(pixels, dtype=np.uint8), DEFLATE_LEVEL), "deflate"
+def _deflate(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+    return deflate.compress(np.ascontiguousarray(pixels, dtype=np.uint8), encoding.level), "deflate"
 
 
-def _keep(pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
-    if source.reusable and source.format in ("png", "jpeg"):
+def _keep(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+    if source.reusable and source.format in encoding.formats:
         return source.data, source.format
-    return _png(pixels, source)
+    return _png(encoding, pixels, source)
 
 
 def _squeeze_gray(pixels: np.ndarray) -> np.ndarray:
@@ -197,11 +208,15 @@ def _squeeze_gray(pixels: np.ndarray) -> np.ndarray:
 
 
 ENCODINGS: dict[str, Encoding] = {
-    "deflate": Encoding("deflate", _deflate, ("deflate",), tfds_tensor="ZLIB"),
-    "raw": Encoding("raw", _raw, ("raw",), tfds_tensor="BYTES"),
-    "keep": Encoding("keep", _keep, ("png", "jpeg")),
-    "png": Encoding("png", _png, ("png",)),
-    "jpeg": Encoding("jpeg", _jpeg, ("jpeg",), lossless=False, channels=(1, 3)),
+    # zlib level 1: on 256x256 RGB, level 3 was 0.7% smaller at 1.3x the time and level 6
+    # 3% smaller at 3.3x (zlib); inflating costs the same at every level.
+    "deflate": Encoding("deflate", _deflate, ("deflate",), "ZLIB", level=1),
+    "raw": Encoding("raw", _raw, ("raw",), "BYTES"),
+    "keep": Encoding("keep", _keep, ("png", "jpeg"), TFDS_IMAGE),
+    "png": Encoding("png", _png, ("png",), TFDS_IMAGE),
+    "jpeg": Encoding(
+        "jpeg", _jpeg, ("jpeg",), TFDS_IMAGE, lossless=False, channels=(1, 3), quality=95
+    ),
 }
 DEFAULT_ENCODING = "deflate"
 # Masks hold class indices: a lossy encoding would invent classes at edges.
@@ -219,6 +234,13 @@ def mask_encoding(name: str) -> Encoding:
             f"at object edges; use one of {', '.join(sorted(MASK_ENCODINGS))}"
         )
     return _lookup(MASK_ENCODINGS, name, "mask")
+
+
+def resolved_mask_encoding(mask_encoding_name: str, image_encoding_name: str) -> str:
+    """``AUTO`` resolved by :func:`auto_mask_encoding`; any other name as given."""
+    if mask_encoding_name != AUTO:
+        return mask_encoding_name
+    return auto_mask_encoding(image_encoding_name)
 
 
 def auto_mask_encoding(image_encoding_name: str) -> str:
@@ -240,23 +262,30 @@ def _lookup(registry: dict[str, Encoding], name: str, what: str) -> Encoding:
 
 @dataclass(frozen=True)
 class Compression:
-    """A whole-shard compression: its file suffix, zlib window, TF name and Python opener."""
+    """A whole-shard compression and what it allows.
+
+    levels / default_level: zlib levels it takes (empty for none); index_seekable: byte
+    offsets in index files (``.idx``, for DALI and the tfrecord package) point into the
+    file; tfds_readable: TFDS reads such shards; tf_name: ``TFRecordDataset``'s
+    ``compression_type``; open: a readable stream of the TFRecord bytes.
+    """
 
     name: str
     suffix: str
-    zlib_wbits: int | None  # None: uncompressed
-    tf_name: str  # compression_type of tf.data.TFRecordDataset
+    compressed: bool
+    tf_name: str
     open: Callable[[Path], BinaryIO]
+    levels: range = range(0)
+    default_level: int | None = None
+    index_seekable: bool = False
+    tfds_readable: bool = False
+    wbits: int | None = None  # the zlib window bits selecting the container
 
-    @property
-    def compressed(self) -> bool:
-        return self.zlib_wbits is not None
-
-    def compressor(self, level: int):
-        """A zlib compressobj for this format, or None when uncompressed."""
-        if self.zlib_wbits is None:
+    def compressor(self, level: int | None = None):
+        """A streaming compressor (``compress``, ``flush``), or None when uncompressed."""
+        if not self.compressed:
             return None
-        return zlib.compressobj(level, zlib.DEFLATED, self.zlib_wbits)
+        return deflate.compressobj(self.default_level if level is None else level, self.wbits)
 
 
 class _ZlibReader(io.RawIOBase):
@@ -266,7 +295,7 @@ class _ZlibReader(io.RawIOBase):
 
     def __init__(self, path: Path) -> None:
         self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._inflate = zlib.decompressobj()
+        self._inflate = deflate.decompressobj(deflate.ZLIB_WBITS)
         self._buffer = b""
 
     def readable(self) -> bool:
@@ -293,16 +322,28 @@ def _open_plain(path: Path) -> BinaryIO:
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
-def _open_gzip(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb")  # noqa: SIM115 - the caller closes it
-
-
+# Level 1 for shards: several times faster than 6 for a few % more bytes (zlib).
+_SHARD_LEVEL = 1
+NO_COMPRESSION = "none"
+_ZLIB_LEVELS = {"levels": deflate.LEVELS, "default_level": _SHARD_LEVEL}
 COMPRESSIONS: dict[str, Compression] = {
-    "none": Compression("none", "", None, "", _open_plain),
-    "gzip": Compression("gzip", ".gz", 16 + zlib.MAX_WBITS, "GZIP", _open_gzip),
-    "zlib": Compression("zlib", ".zz", zlib.MAX_WBITS, "ZLIB", _ZlibReader),
+    NO_COMPRESSION: Compression(
+        NO_COMPRESSION, "", False, "", _open_plain, index_seekable=True, tfds_readable=True
+    ),
+    "gzip": Compression(
+        "gzip", ".gz", True, "GZIP", deflate.open_gzip, wbits=deflate.GZIP_WBITS, **_ZLIB_LEVELS
+    ),
+    "zlib": Compression(
+        "zlib", ".zz", True, "ZLIB", _ZlibReader, wbits=deflate.ZLIB_WBITS, **_ZLIB_LEVELS
+    ),
 }
-AUTO_COMPRESSION = "auto"
+COMPRESSION_LEVELS = deflate.LEVELS  # what compression_level accepts, whatever the compression
+DEFAULT_COMPRESSION_LEVEL = _SHARD_LEVEL
+
+
+def resolved_compression(name: str) -> str:
+    """``AUTO`` is none: deflate and PNG/JPEG bytes are compressed already."""
+    return NO_COMPRESSION if name == AUTO else name
 
 
 def compression(name: str) -> Compression:

@@ -35,7 +35,13 @@ from typing import Any
 
 from tfshards import storage
 from tfshards.errors import ManifestError
-from tfshards.schemas.format import COMPRESSIONS, ENCODINGS, MANIFEST_NAME, temporary_path
+from tfshards.schemas.format import (
+    COMPRESSIONS,
+    DEFAULT_COMPRESSION_LEVEL,
+    ENCODINGS,
+    MANIFEST_NAME,
+    temporary_path,
+)
 from tfshards.schemas.record import SCHEMA_VERSION, schema_description
 from tfshards.storage import Location, StorageOptions
 
@@ -88,7 +94,7 @@ class CompressionInfo:
     """The whole-shard compression and its zlib level."""
 
     type: str
-    level: int = 1
+    level: int = DEFAULT_COMPRESSION_LEVEL
 
     def __post_init__(self) -> None:
         _check("compression.type", self.type, self.type in COMPRESSIONS, list(COMPRESSIONS))
