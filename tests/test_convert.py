@@ -339,3 +339,20 @@ def test_real_membrane_data(tmp_path):
     ]
     # label 255 (cell interior) outnumbers 0 (the thin membranes)
     assert sum(pixels) == 30 * 512 * 512 and pixels[1] > pixels[0]
+
+
+def test_progress_counts_from_the_listing_and_ends_with_cpu_per_pair(tmp_path, capsys):
+    from tfshards.converters import ConvertOptions, ConvertRun, run_conversion
+
+    images, masks = write_pairs(tmp_path / "data", 6)
+    result = run_conversion(
+        images, masks, tmp_path / "out", ConvertOptions(), ConvertRun(workers=1, progress=True)
+    )
+    shown = capsys.readouterr().err
+    assert "listing" in shown and "12 files" in shown  # both folders, before any pair
+    assert "checking" in shown and "converting" in shown and "MB/s" in shown
+    assert "since start" in shown and "pairs/s" in shown
+    effort = result.effort
+    assert effort.pairs == 6 and effort.source_bytes > 0 and effort.cpu_seconds > 0
+    assert 0 < effort.plan_seconds < effort.seconds
+    assert f"CPU {effort.cpu_ms_per_pair:.2f} ms per pair" in shown.splitlines()[-1]

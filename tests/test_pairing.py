@@ -112,3 +112,15 @@ def test_symlink_loop_does_not_hang(tmp_path):
     touch(tmp_path / "msk" / "1.png")
     report = pair_files(tmp_path / "img", tmp_path / "msk")
     assert [p.key for p in report.pairs] == ["1"]
+
+
+def test_listing_streams_names_and_skips_hidden_folders_and_folder_links(tmp_path):
+    from tfshards.converters.pairing import list_names
+
+    for name in ("a/1.png", "a/b/2.png", ".hidden/3.png", "4.png", ".5.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "loop").symlink_to(tmp_path)
+    names = list_names(str(tmp_path))
+    assert iter(names) is names  # a generator: nothing is listed up front
+    assert sorted(names) == [".5.png", "4.png", "a/1.png", "a/b/2.png"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -59,7 +60,7 @@ def test_plan_puts_every_pair_in_exactly_one_shard(names, seed, num_shards):
         compression="gzip",
         num_shards=num_shards,
         shard_size=1000,
-        pair_bytes={k: 100 for k in names},
+        pair_bytes=[100] * len(names),
     )
     planned = [p.key for s in specs for p in s.pairs]
     assert sorted(planned) == sorted(names)
@@ -79,7 +80,7 @@ def test_plan_is_shuffled_and_deterministic():
         compression="none",
         num_shards=4,
         shard_size=1,
-        pair_bytes={k: 1 for k in names},
+        pair_bytes=[1] * len(names),
     )
     b = plan_shards(
         _pairs(reversed(names)),
@@ -89,7 +90,7 @@ def test_plan_is_shuffled_and_deterministic():
         compression="none",
         num_shards=4,
         shard_size=1,
-        pair_bytes={k: 1 for k in names},
+        pair_bytes=[1] * len(names),
     )
     assert a == b
     order = [p.key for s in a for p in s.pairs]
@@ -116,3 +117,41 @@ def test_shard_counts_by_size_and_by_number():
     assert shard_counts(
         {"train": 250, "val": 3}, {"train": 1, "val": 1}, num_shards=None, shard_size=2**27
     ) == {"train": 3, "val": 1}
+
+
+def test_a_shard_sent_to_a_worker_carries_only_its_pairs():
+    import pickle
+
+    from tfshards.converters.pair_table import PairTable
+
+    names = [f"folder/{i:06d}" for i in range(20000)]
+    table = PairTable.from_pairs(_pairs(names))
+    specs = plan_shards(
+        table,
+        seed=0,
+        val_fraction=0.1,
+        test_fraction=0,
+        compression="none",
+        num_shards=20,
+        shard_size=1,
+        pair_bytes=[1] * len(names),
+    )
+    whole = len(pickle.dumps(table))
+    for spec in specs[:3]:
+        sent = pickle.loads(pickle.dumps(spec))
+        assert sent == spec and len(sent.pairs) == len(spec.pairs)
+        assert len(pickle.dumps(spec)) < 3 * whole / len(specs)
+    assert specs[0].pairs.keys is table.keys  # in the launching process: a view, no copy
+
+
+def test_pair_table_keeps_odd_names_and_python_order():
+    from tfshards.converters.pair_table import Strings
+
+    names = ["b", "a\udcff", "a", "é", "z", "a\U0001f600", "\ud800x", ""]
+    strings = Strings.from_list(names)
+    assert [strings[i] for i in range(len(names))] == names
+    fixed = np.array([n.encode("utf-8", "surrogatepass") for n in names], dtype=bytes)
+    by_bytes = Strings.from_fixed(np.sort(fixed[:-1]))  # no empty names among files
+    assert [by_bytes[i] for i in range(len(names) - 1)] == sorted(names[:-1])
+    taken = strings.take(np.array([4, 0, 1]))
+    assert [taken[i] for i in range(3)] == ["z", "b", "a\udcff"]

@@ -7,24 +7,24 @@ import json
 import logging
 import multiprocessing
 import os
-import queue
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from tfshards import storage
 from tfshards.converters.bucket_output import BucketOutput
 from tfshards.converters.mask_values import check_mask_values, sample_mask_values
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.output import OutputFolder
-from tfshards.converters.pairing import Pair, PairingReport, checked_pairs, pair_files
+from tfshards.converters.pair_table import PairTable, release_freed_memory
+from tfshards.converters.pairing import PairingReport, checked_pairs, pair_files
 from tfshards.converters.planning import ShardSpec, plan_shards
+from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
     init_worker,
@@ -42,10 +42,11 @@ from tfshards.schemas.manifest import (
     ShardInfo,
     SplitInfo,
 )
-from tfshards.storage import FileStat, Location, StorageOptions, stat
+from tfshards.storage import Location, StorageOptions, stat
 
 log = logging.getLogger("tfshards")
 _HEADER_SAMPLE = 32
+_SCAN_STEP = 4096  # pairs stat()ed between progress updates
 
 
 # Writes the planned shards into a folder or bucket prefix (with these storage options) and
@@ -65,6 +66,7 @@ class ConvertResult:
     shards_written: int
     shards_reused: int
     pairing: PairingReport
+    effort: Effort | None = None  # CPU and bytes of this run
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,30 @@ def run_conversion(
     run: ConvertRun,
 ) -> ConvertResult:
     """The conversion itself, also returning timing and pairing details (used by the CLI)."""
-    started = time.perf_counter()
+    progress = ConversionProgress(run.progress)
+    out = out if storage.is_url(out) else Path(out)
+    try:
+        report, options, specs, source = _plan(images, masks, options, run, progress)
+        manifest, written, reused = _write_dataset(
+            out, specs, options, source, report, run, progress
+        )
+    finally:
+        effort = progress.close()
+    if options.tfds_metadata:
+        from tfshards.checks.tfds_export import export_tfds
+
+        export_tfds(out, storage_options=run.storage_options)
+    return ConvertResult(manifest, out, effort.seconds, written, reused, report, effort)
+
+
+def _plan(
+    images: Location,
+    masks: Location | None,
+    options: ConvertOptions,
+    run: ConvertRun,
+    progress: ConversionProgress,
+) -> tuple[PairingReport, ConvertOptions, list[ShardSpec], dict[str, Any]]:
+    """List, pair, check and plan: (pairing report, resolved options, shards, source)."""
     store = run.storage_options
     report = pair_files(
         images,
@@ -147,16 +172,17 @@ def run_conversion(
         image_pattern=run.image_pattern,
         mask_pattern=run.mask_pattern,
         storage_options=store,
+        listed=progress.listed,
     )
-    where = storage.display(images)
-    pairs = checked_pairs(report, allow_unpaired=run.allow_unpaired, where=where)
+    pairs = checked_pairs(report, allow_unpaired=run.allow_unpaired, where=storage.display(images))
     for problem in report.problems:
         log.warning("%s (left out: --allow-unpaired)", problem)
     masks_where = storage.display(masks if masks is not None else images)
     check_mask_values(sample_mask_values(pairs, storage_options=store), options, where=masks_where)
     channels = options.channels or image_channels(pairs[0].image, store)
     options = options.resolved(channels)
-    stats = _file_stats(pairs, store)
+    progress.checking(len(pairs))
+    fingerprint, file_bytes = _scan_files(pairs, options, store, progress.bar.update)
     specs = plan_shards(
         pairs,
         seed=options.seed,
@@ -165,23 +191,18 @@ def run_conversion(
         compression=options.compression,
         num_shards=options.num_shards,
         shard_size=options.shard_size,
-        pair_bytes=_estimated_pair_bytes(pairs, stats, options, channels, store),
+        pair_bytes=_estimated_pair_bytes(pairs, file_bytes, options, channels, store),
     )
+    del file_bytes
+    release_freed_memory()
     source = {
         "images": storage.resolved(images),
         "masks": storage.resolved(masks if masks is not None else images),
         "image_pattern": run.image_pattern,
         "mask_pattern": run.mask_pattern,
-        "fingerprint": _job_fingerprint(pairs, stats, options),
+        "fingerprint": fingerprint,
     }
-    out = out if storage.is_url(out) else Path(out)
-    manifest, written, reused = _write_dataset(out, specs, options, source, report, run)
-    if options.tfds_metadata:
-        from tfshards.checks.tfds_export import export_tfds
-
-        export_tfds(out, storage_options=store)
-    seconds = time.perf_counter() - started
-    return ConvertResult(manifest, out, seconds, written, reused, report)
+    return report, options, specs, source
 
 
 def _output(out: Location, run: ConvertRun) -> OutputFolder | BucketOutput:
@@ -199,6 +220,7 @@ def _write_dataset(
     source: dict[str, Any],
     report: PairingReport,
     run: ConvertRun,
+    progress: ConversionProgress,
 ) -> tuple[Manifest, int, int]:
     """Write the shards not yet done, then the manifest; (manifest, written, reused)."""
     with _output(out, run) as folder:
@@ -211,8 +233,9 @@ def _write_dataset(
             log.info("resuming: %d of %d shards already complete", len(begun), len(specs))
         results = dict(begun)
         channels = options.channels
+        progress.converting(sum(len(spec.pairs) for spec in todo))
         if run.runner is None:
-            results_of = _write_shards(todo, options, channels, out, run)
+            results_of = _write_shards(todo, options, channels, out, run, progress)
         else:
             results_of = run.runner(todo, options, channels, out, run.storage_options)
         for result in results_of:
@@ -223,28 +246,45 @@ def _write_dataset(
     return manifest, len(todo), len(begun)
 
 
-def _file_stats(
-    pairs: Sequence[Pair], store: StorageOptions
-) -> dict[str, tuple[FileStat, FileStat]]:
-    """One stat per file, shared by the size estimate and the resume fingerprint (a bucket
-    answers from the listing fsspec cached while pairing)."""
-    try:
-        return {p.key: (stat(p.image, store), stat(p.mask, store)) for p in pairs}
-    except OSError as exc:
-        where = exc.filename or exc
-        raise PairingError(f"{where}: cannot read ({exc.strerror or exc})") from exc
+def _scan_files(
+    pairs: PairTable, options: ConvertOptions, store: StorageOptions, scanned: Callable[[int], None]
+) -> tuple[str, np.ndarray]:
+    """One stat per file: the resume fingerprint and each pair's source bytes.
+
+    The fingerprint identifies the inputs (paths, sizes, versions: mtimes, ETags) and the
+    options, to guard --resume; nothing per file is kept but one int64 per pair (a bucket
+    answers from the listing fsspec cached while pairing).
+    """
+    digest = hashlib.sha256(json.dumps(options.to_json(), sort_keys=True).encode())
+    sizes = np.zeros(len(pairs), np.int64)
+    for index, pair in enumerate(pairs):
+        if index % _SCAN_STEP == 0:
+            scanned(min(_SCAN_STEP, len(pairs) - index))
+        for path in (pair.image, pair.mask):
+            try:
+                found = stat(path, store)
+            except OSError as exc:
+                where = exc.filename or exc
+                raise PairingError(f"{where}: cannot read ({exc.strerror or exc})") from exc
+            sizes[index] += found.size
+            digest.update(
+                f"{pair.key}\0{path}\0{found.size}\0{found.version}\n".encode(
+                    "utf-8", "surrogateescape"
+                )
+            )
+    return digest.hexdigest(), sizes
 
 
 def _estimated_pair_bytes(
-    pairs: Sequence[Pair],
-    stats: dict,
+    pairs: PairTable,
+    file_bytes: np.ndarray,
     options: ConvertOptions,
     channels: int,
     store: StorageOptions,
-) -> dict[str, int]:
+) -> np.ndarray:
     """Bytes each pair will take in a shard, before compression (for shard counts)."""
     if not image_encoding(options.encoding).batchable:  # raw, deflate: sizes follow pixels
-        return {p.key: stats[p.key][0].size + stats[p.key][1].size for p in pairs}
+        return file_bytes
     if options.resize is not None:
         height, width = options.resize
         pixels = height * width
@@ -257,20 +297,7 @@ def _estimated_pair_bytes(
             except Exception:  # noqa: BLE001 - an unreadable file is reported when encoded
                 continue
         pixels = sum(sizes) // max(len(sizes), 1)
-    return {p.key: pixels * (channels + 1) for p in pairs}
-
-
-def _job_fingerprint(pairs: Sequence[Pair], stats: dict, options: ConvertOptions) -> str:
-    """Identifies the inputs (paths, sizes, mtimes) and options, to guard --resume."""
-    digest = hashlib.sha256(json.dumps(options.to_json(), sort_keys=True).encode())
-    for pair in pairs:
-        for path, found in zip((pair.image, pair.mask), stats[pair.key], strict=True):
-            digest.update(
-                f"{pair.key}\0{path}\0{found.size}\0{found.version}\n".encode(
-                    "utf-8", "surrogateescape"
-                )
-            )
-    return digest.hexdigest()
+    return np.full(len(pairs), pixels * (channels + 1), np.int64)
 
 
 def default_workers() -> int:
@@ -281,60 +308,40 @@ def default_workers() -> int:
 
 
 def _write_shards(
-    specs: list[ShardSpec], options: ConvertOptions, channels: int, out: Location, run: ConvertRun
+    specs: list[ShardSpec],
+    options: ConvertOptions,
+    channels: int,
+    out: Location,
+    run: ConvertRun,
+    progress: ConversionProgress,
 ):
     """Yield ShardResults as shards complete, in-process or in worker processes."""
     workers = min(run.workers or default_workers(), max(len(specs), 1))
-    store, progress = run.storage_options, run.progress
-    total = sum(len(spec.pairs) for spec in specs)
-    with tqdm(total=total, unit="pair", disable=not progress, dynamic_ncols=True) as bar:
-        meter = _Meter(bar)
-        if workers <= 1:
-            for spec in specs:
-                yield write_shard(spec, options, channels, out, meter.update, store)
-            return
-        context = multiprocessing.get_context("spawn")
-        updates = context.Queue()
-        with ProcessPoolExecutor(
-            workers, mp_context=context, initializer=init_worker, initargs=(updates,)
-        ) as pool:
-            pending: set[Future] = {
-                pool.submit(write_shard_in_worker, spec, options, channels, out, store)
-                for spec in specs
-            }
-            try:
-                while pending:
-                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                    meter.drain(updates)
-                    for future in done:
-                        yield future.result()
-                meter.drain(updates)
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
-
-
-class _Meter:
-    """Feeds the progress bar with pairs and source MB/s."""
-
-    def __init__(self, bar: tqdm) -> None:
-        self.bar = bar
-        self.source_bytes = 0
-        self.started = time.perf_counter()
-
-    def update(self, pairs: int, source_bytes: int) -> None:
-        self.source_bytes += source_bytes
-        self.bar.update(pairs)
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        self.bar.set_postfix_str(f"{self.source_bytes / elapsed / 1e6:.1f} MB/s", refresh=False)
-
-    def drain(self, updates: multiprocessing.Queue) -> None:
-        while True:
-            try:
-                self.update(*updates.get_nowait())
-            except queue.Empty:
-                return
+    store = run.storage_options
+    if workers <= 1:
+        for spec in specs:
+            yield write_shard(spec, options, channels, out, progress.update, store)
+        return
+    context = multiprocessing.get_context("spawn")
+    updates = context.Queue()
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=init_worker, initargs=(updates,)
+    ) as pool:
+        pending: set[Future] = {
+            pool.submit(write_shard_in_worker, spec, options, channels, out, store)
+            for spec in specs
+        }
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                progress.drain(updates)
+                for future in done:
+                    yield future.result()
+            progress.drain(updates)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
 
 
 def _manifest(

@@ -4,7 +4,9 @@
   moves an existing pair to another split.
 - Within a split the sorted keys are shuffled with ``random.Random(seed)``
   before being cut, so shards are pre-shuffled and conversion memory grows
-  with the number of pairs, never their bytes.
+  with the number of pairs, never their bytes. The plan is arrays (split codes,
+  one int64 position per pair) over a compact :class:`PairTable`; each shard
+  holds a view of its pairs, and a worker receives only those.
 - Shards of a split hold equal record counts, the first ones one more when
   the count does not divide evenly.
 """
@@ -17,7 +19,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tfshards.converters.pairing import Pair
+import numpy as np
+
+from tfshards.converters.pair_table import Pair, PairTable
 from tfshards.errors import OptionsError
 from tfshards.schemas.format import SPLITS, shard_file_name
 
@@ -86,7 +90,7 @@ class ShardSpec:
     index: int
     count: int
     compression: str
-    pairs: tuple[Pair, ...]
+    pairs: PairTable
 
     @property
     def file_name(self) -> str:
@@ -94,7 +98,7 @@ class ShardSpec:
 
 
 def plan_shards(
-    pairs: Sequence[Pair],
+    pairs: PairTable | Sequence[Pair],
     *,
     seed: int,
     val_fraction: float,
@@ -102,29 +106,43 @@ def plan_shards(
     compression: str,
     num_shards: int | None,
     shard_size: int,
-    pair_bytes: dict[str, int],
+    pair_bytes: Sequence[int] | np.ndarray,
 ) -> list[ShardSpec]:
-    """Assign splits, shuffle, and cut into shards; ``pair_bytes`` estimates each pair's size."""
-    by_split: dict[str, list[Pair]] = {}
-    for pair in sorted(pairs, key=lambda p: p.key):
-        by_split.setdefault(split_of(pair.key, seed, val_fraction, test_fraction), []).append(pair)
-    for split, members in by_split.items():
-        random.Random(f"{seed}:{split}").shuffle(members)
+    """Assign splits, shuffle, and cut into shards.
+
+    ``pair_bytes`` estimates each pair's size, in the order of ``pairs`` (a PairTable is in
+    key order; other sequences are sorted by key here, and their sizes with them).
+    """
+    if not isinstance(pairs, PairTable):
+        order = sorted(range(len(pairs)), key=lambda i: pairs[i].key)
+        pairs = PairTable.from_pairs([pairs[i] for i in order])
+        pair_bytes = np.asarray(pair_bytes, np.int64)[order]
+    pair_bytes = np.asarray(pair_bytes, np.int64)
+    codes = np.fromiter(
+        (
+            SPLITS.index(split_of(pairs.key(i), seed, val_fraction, test_fraction))
+            for i in range(len(pairs))
+        ),
+        np.uint8,
+        len(pairs),
+    )
+    members: dict[str, np.ndarray] = {}
+    for code, split in enumerate(SPLITS):
+        rows = np.flatnonzero(codes == code)
+        if len(rows):
+            # random.shuffle swaps items in place: on an int64 array it draws the same
+            # permutation as it did on the list of Pair objects it used to shuffle.
+            random.Random(f"{seed}:{split}").shuffle(rows)
+            members[split] = rows
+    del codes
     counts = shard_counts(
-        {split: len(members) for split, members in by_split.items()},
-        {split: sum(pair_bytes[p.key] for p in members) for split, members in by_split.items()},
+        {split: len(rows) for split, rows in members.items()},
+        {split: int(pair_bytes[rows].sum()) for split, rows in members.items()},
         num_shards=num_shards,
         shard_size=shard_size,
     )
     return [
-        ShardSpec(
-            split,
-            index,
-            counts[split],
-            compression,
-            tuple(by_split[split][start:end]),
-        )
-        for split in SPLITS
-        if split in by_split
-        for index, (start, end) in enumerate(shard_bounds(len(by_split[split]), counts[split]))
+        ShardSpec(split, index, counts[split], compression, pairs.subset(rows[start:end]))
+        for split, rows in members.items()
+        for index, (start, end) in enumerate(shard_bounds(len(rows), counts[split]))
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +149,32 @@ def write_shard_in_worker(
     out_dir: Location,
     storage_options: StorageOptions = None,
 ) -> ShardResult:
-    def progress(pairs: int, source_bytes: int) -> None:
-        _worker_queue.put((pairs, source_bytes))
+    progress = _BatchedProgress(_worker_queue)
+    try:
+        return write_shard(spec, options, channels, out_dir, progress, storage_options)
+    finally:
+        progress.flush()
 
-    return write_shard(spec, options, channels, out_dir, progress, storage_options)
+
+class _BatchedProgress:
+    """Progress sent a few times a second, not once per pair: a queue put wakes a feeder
+    thread and the parent, which cost more than the pair's bookkeeping."""
+
+    _SECONDS = 0.25
+
+    def __init__(self, queue: multiprocessing.Queue) -> None:
+        self.queue = queue
+        self.pairs = self.source_bytes = 0
+        self.sent = time.monotonic()
+
+    def __call__(self, pairs: int, source_bytes: int) -> None:
+        self.pairs += pairs
+        self.source_bytes += source_bytes
+        if time.monotonic() - self.sent >= self._SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pairs:
+            self.queue.put((self.pairs, self.source_bytes))
+        self.pairs = self.source_bytes = 0
+        self.sent = time.monotonic()

@@ -1,0 +1,139 @@
+"""Memory and time of the conversion plan (listing, pairing, splits, shuffle) for many pairs.
+
+    python benchmarks/plan_memory.py --pairs 100000,1000000
+    python benchmarks/plan_memory.py --pairs 100000 --tree      # real empty files in /tmp
+    python benchmarks/plan_memory.py --pairs 100000 --before /tmp/old-tfshards  # side by side
+
+Each size runs in a fresh process. Pairing only needs names, so by default the two
+folders are listed from memory (the listing function yields synthetic names, as a
+storage layer would); ``--tree`` writes a real tree of empty files (two files per pair)
+and lists it from disk. Prints a Markdown row per size: seconds to list and pair, to
+plan, and bytes per pair: the peak RSS growth of the process (listing included), what
+it holds after planning, and the plan's arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import markdown_table
+
+_CHILD = r"""
+import gc, json, os, sys, time
+from pathlib import Path
+images, masks, count, tree = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+import numpy as np
+from tfshards.converters import pairing, planning
+
+def rss(field):
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) * 1024 for l in status if l.startswith(field))
+
+def synthetic(root):
+    return (f"{i // 1000:04d}/{i:08d}.png" for i in range(count))
+
+compact = hasattr(pairing, "list_names")
+if not tree:
+    if compact:
+        pairing.list_names = synthetic
+    else:  # the version before the compact plan listed with _walk_files, sorted
+        pairing._walk_files = lambda root: sorted(synthetic(root))
+gc.collect()
+base = rss("VmRSS:")
+started = time.perf_counter()
+report = pairing.pair_files(images, masks)
+paired = time.perf_counter()
+pairs = report.pairs
+sizes = np.full(len(pairs), 1000) if compact else {p.key: 1000 for p in pairs}
+specs = planning.plan_shards(pairs, seed=0, val_fraction=0.1, test_fraction=0.1,
+    compression="none", num_shards=None, shard_size=128 * 2**20, pair_bytes=sizes)
+planned = time.perf_counter()
+del sizes
+gc.collect()
+if compact:
+    from tfshards.converters.pair_table import release_freed_memory
+    release_freed_memory()  # as convert() does after planning
+held = rss("VmRSS:") - base
+peak = rss("VmHWM:") - base
+arrays = pairs.nbytes + sum(s.pairs.rows.nbytes for s in specs) if compact else None
+print("RESULT " + json.dumps({"pairs": len(pairs), "pair_s": paired - started,
+    "plan_s": planned - paired, "peak": peak, "held": held, "arrays": arrays,
+    "shards": len(specs)}))
+"""
+
+
+def _tree(root: Path, count: int) -> tuple[Path, Path]:
+    for side in ("images", "masks"):
+        for i in range(count):
+            folder = root / side / f"{i // 1000:04d}"
+            if i % 1000 == 0:
+                folder.mkdir(parents=True)
+            (folder / f"{i:08d}.png").touch()
+    return root / "images", root / "masks"
+
+
+def _run(src: Path, images: Path, masks: Path, count: int, tree: bool) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(src))
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(images), str(masks), str(count), str(int(tree))],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=images.parent,  # not the checkout: -c puts the working folder first on sys.path
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    import json
+
+    return json.loads(line[len("RESULT ") :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default="100000,1000000", help="comma list of pair counts")
+    parser.add_argument("--tree", action="store_true", help="list real empty files in /tmp")
+    parser.add_argument("--before", type=Path, help="another tfshards checkout to compare")
+    args = parser.parse_args()
+    sources = {"this": Path(__file__).resolve().parents[1]}
+    if args.before:
+        sources = {"before": args.before.resolve(), **sources}
+    rows = []
+    for count in (int(c) for c in args.pairs.split(",")):
+        with tempfile.TemporaryDirectory(prefix="tfshards-plan-") as tmp:
+            if args.tree:
+                images, masks = _tree(Path(tmp), count)
+            else:
+                images, masks = Path(tmp, "images"), Path(tmp, "masks")
+                images.mkdir(), masks.mkdir()
+            for name, src in sources.items():
+                rows.append(
+                    _row(name, count, args.tree, _run(src, images, masks, count, args.tree))
+                )
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(markdown_table(rows))
+
+
+def _row(version: str, count: int, tree: bool, got: dict) -> dict:
+    return {
+        "version": version,
+        "pairs": count,
+        "listing": "files in /tmp" if tree else "in memory",
+        "list_and_pair_s": round(got["pair_s"], 1),
+        "plan_s": round(got["plan_s"], 1),
+        "peak_rss_B_per_pair": round(got["peak"] / count),
+        "held_rss_B_per_pair": round(got["held"] / count),
+        "plan_arrays_B_per_pair": round(got["arrays"] / count) if got["arrays"] else "-",
+        "shards": got["shards"],
+    }
+
+
+if __name__ == "__main__":
+    main()
