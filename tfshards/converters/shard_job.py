@@ -109,7 +109,7 @@ def _write_file(
 
 
 def _encoded(
-    pair: Pair, options: ConvertOptions, channels: int, storage_options: StorageOptions
+    pair: Pair, options: ConvertOptions, channels: int, storage_options: StorageOptions = None
 ) -> tuple[PreparedPair, bytes]:
     """Decode, check and encode one pair into a record; PairError for anything wrong."""
     prepared = prepare_pair(pair, options, channels, storage_options)
