@@ -268,11 +268,11 @@ def test_memory_error_ends_the_job_and_resume_finishes_it(tmp_path, monkeypatch)
                                  progress=False)  # fmt: skip
     real, calls = shard_job.prepare_pair, []
 
-    def runs_out_of_memory(pair, options, channels):
+    def runs_out_of_memory(pair, options, channels, storage_options=None):
         calls.append(pair.key)
         if len(calls) == 6:  # in the second shard
             raise MemoryError("out of memory")
-        return real(pair, options, channels)
+        return real(pair, options, channels, storage_options)
 
     monkeypatch.setattr(shard_job, "prepare_pair", runs_out_of_memory)
     with pytest.raises(MemoryError):  # not turned into a skipped pair

@@ -73,16 +73,16 @@ def test_decompression_bomb(tmp_path, pair, monkeypatch):
 
 def test_unreadable_permissions(pair, monkeypatch):
     # Simulated: tests may run as root, who reads files whatever their mode bits.
-    from pathlib import Path
+    from tfshards import storage
 
-    real_read = Path.read_bytes
+    real_read = storage.read_bytes
 
-    def denied(path):
+    def denied(path, storage_options=None):
         if path == pair.image:
             raise PermissionError(13, "Permission denied", str(path))
-        return real_read(path)
+        return real_read(path, storage_options)
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(storage, "read_bytes", denied)
     with pytest.raises(PairError, match=r"a.png: cannot read \(Permission denied\)"):
         prepare(pair)
 
