@@ -35,7 +35,7 @@ def rss(field):
     with open("/proc/self/status") as status:
         return next(int(l.split()[1]) * 1024 for l in status if l.startswith(field))
 
-def synthetic(root):
+def synthetic(root, storage_options=None):
     return (f"{i // 1000:04d}/{i:08d}.png" for i in range(count))
 
 compact = hasattr(pairing, "list_names")
@@ -74,7 +74,7 @@ def _tree(root: Path, count: int) -> tuple[Path, Path]:
             folder = root / side / f"{i // 1000:04d}"
             if i % 1000 == 0:
                 folder.mkdir(parents=True)
-            (folder / f"{i:08d}.png").touch()
+            os.close(os.open(folder / f"{i:08d}.png", os.O_CREAT | os.O_WRONLY, 0o644))
     return root / "images", root / "masks"
 
 
