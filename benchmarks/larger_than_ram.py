@@ -1,0 +1,372 @@
+"""Datasets larger than RAM: every reader in a memory-limited cgroup, data 3x the limit.
+
+    sudo python benchmarks/larger_than_ram.py --limit-mib 1536 --cases rgb512,gray1024
+
+Cases: 512x512 RGB pairs (batch 32) and 1024x1024 grayscale tiles (batch 8), generated
+with ``tfshards.synth`` (a few distinct pairs, hard-linked under as many keys as make
+the raw shards at least --factor times the limit) and converted with ``raw`` and
+``deflate`` records. Each reader runs in a fresh child process (a fresh TensorFlow):
+
+  bare       TFRecordDataset over the same shards, bytes only: the disk's pace;
+  stream     tfshards.read, uint8 and float32;
+  cached     tfshards.read(cache=<fresh folder>): epoch 1 builds the cache, then reads it;
+  hand       the hand-written pipeline (two image_dataset_from_directory + zip +
+             shuffle(1000) + .cache(file)), RGB only; it may be killed for memory.
+
+Each child runs with TF_CPU_ALLOCATOR_USE_BFC=false and then =true (the same order), in
+its own cgroup (v1 or v2, whichever holds the memory controller) limited to --limit-mib
+of RSS and page cache together. Without root or a usable cgroup the page cache cannot be
+limited: the script says so and evicts the data's pages (posix_fadvise DONTNEED on our
+files only) before every epoch instead. The data's pages are evicted before every child.
+
+Per epoch: pairs/s to the last batch, user and system CPU ms per pair (getrusage of the
+child), peak RSS of that epoch (VmHWM, reset at the start of each epoch), MiB the child
+read from the block device (/proc/self/io), and the rate as a ratio of the bare read of
+the same shards with the same allocator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import markdown_table
+
+CASES = {  # name: (side, channels, batch)
+    "rgb512": (512, 3, 32),
+    "gray1024": (1024, 1, 8),
+}
+DISTINCT = 48  # distinct generated pairs per case; the rest are hard links to them
+ENCODINGS = ("raw", "deflate")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("/tmp/tfshards-bench-22"))
+    parser.add_argument("--limit-mib", type=int, default=1536, help="memory limit (MiB)")
+    parser.add_argument("--factor", type=float, default=3.0, help="raw shards / limit")
+    parser.add_argument("--cases", default="rgb512,gray1024")
+    parser.add_argument("--allocators", default="false,true", help="TF_CPU_ALLOCATOR_USE_BFC")
+    parser.add_argument("--stream-epochs", type=int, default=2)
+    parser.add_argument("--cached-epochs", type=int, default=3)
+    parser.add_argument("--long-epochs", type=int, default=5, help="RSS-flatness runs")
+    parser.add_argument("--no-hand", action="store_true", help="skip the hand-written rows")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(json.loads(args.child))
+    run(args)
+
+
+# ---------------------------------------------------------------- parent: data and jobs
+
+
+def prepare(root: Path, case: str, limit_mib: int, factor: float) -> tuple[Path, int]:
+    """Generate and convert one case once (kept under root for reruns); return its folder."""
+    import tfshards
+
+    side, channels, _ = CASES[case]
+    folder = root / case
+    pair_mib = side * side * (channels + 1) / 2**20
+    count = int(limit_mib * factor / pair_mib * 1.02) + 1
+    if (folder / "deflate" / "tfshards.json").exists():
+        return folder, count
+    distinct = folder / "distinct"
+    tfshards.synth(distinct, count=DISTINCT, size=side, channels=channels, seed=0)
+    for kind in ("images", "masks"):
+        (folder / "data" / kind).mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            link = folder / "data" / kind / f"{index:06d}.png"
+            if not link.exists():
+                os.link(distinct / kind / f"{index % DISTINCT:05d}.png", link)
+    for encoding in ENCODINGS:
+        tfshards.convert(
+            folder / "data" / "images",
+            folder / "data" / "masks",
+            folder / encoding,
+            encoding=encoding,
+            channels=channels,
+            overwrite=True,
+            progress=False,
+        )
+    return folder, count
+
+
+def evict(folder: Path) -> None:
+    """Drop the page cache of every file under folder (ours only; nothing system-wide)."""
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+class MemoryCgroup:
+    """A child cgroup of this process's own, limited to limit bytes; v1 or v2."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.path, self.version = limit, None, None
+        if os.geteuid() != 0:
+            return
+        for version, mount, ident in (
+            (2, Path("/sys/fs/cgroup"), "0::"),
+            (1, Path("/sys/fs/cgroup/memory"), "memory"),
+        ):
+            own = _own_cgroup(ident)
+            if own is None:
+                continue
+            controllers = _read(mount / own.lstrip("/") / "cgroup.subtree_control")
+            if version == 2 and "memory" not in controllers:
+                continue
+            if version == 1 and not (mount / "memory.limit_in_bytes").exists():
+                continue
+            self.version, self.parent = version, mount / own.lstrip("/")
+            return
+
+    @property
+    def usable(self) -> bool:
+        return self.version is not None
+
+    def create(self, name: str) -> Path:
+        path = self.parent / name
+        path.mkdir()
+        if self.version == 1:
+            (path / "memory.limit_in_bytes").write_text(str(self.limit))
+            swap = path / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                swap.write_text(str(self.limit))
+        else:
+            (path / "memory.max").write_text(str(self.limit))
+            if (path / "memory.swap.max").exists():
+                (path / "memory.swap.max").write_text("0")
+        self.path = path
+        return path
+
+    def oom_kills(self) -> int:
+        control = self.path / ("memory.oom_control" if self.version == 1 else "memory.events")
+        for line in _read(control).splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def remove(self) -> None:
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _own_cgroup(ident: str) -> str | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if ident == "0::" and line.startswith("0::"):
+            return line[3:]
+        parts = line.split(":", 2)
+        if ident != "0::" and ident in parts[1].split(","):
+            return parts[2]
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def jobs(case: str, folder: Path, allocator: str, args: argparse.Namespace) -> list[dict]:
+    side, channels, batch = CASES[case]
+    base = {"case": case, "side": side, "channels": channels, "batch": batch, "bfc": allocator}
+    out = []
+    for encoding in ENCODINGS:
+        shards = str(folder / encoding)
+        common = {**base, "encoding": encoding, "shards": shards}
+        out.append({**common, "pipeline": "bare", "dtype": "bytes", "epochs": args.stream_epochs})
+        for dtype in ("uint8", "float32"):
+            out.append({**common, "pipeline": "stream", "dtype": dtype,
+                        "epochs": args.stream_epochs})  # fmt: skip
+        for dtype in ("uint8", "float32"):
+            out.append({**common, "pipeline": "cached", "dtype": dtype,
+                        "epochs": args.cached_epochs})  # fmt: skip
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    args.root.mkdir(parents=True, exist_ok=True)
+    cgroup = MemoryCgroup(args.limit_mib * 2**20)
+    print(conditions(args, cgroup), flush=True)
+    rows = []
+    for case in args.cases.split(","):
+        folder, count = prepare(args.root, case, args.limit_mib, args.factor)
+        print(sizes(case, folder, count, args.limit_mib), flush=True)
+        plan = [j for a in args.allocators.split(",") for j in jobs(case, folder, a, args)]
+        if not args.no_hand and CASES[case][1] == 3:
+            plan.append({"case": case, "side": CASES[case][0], "channels": 3,
+                         "batch": CASES[case][2], "bfc": "false", "encoding": "(PNG files)",
+                         "shards": str(folder / "data"), "pipeline": "hand",
+                         "dtype": "float32", "epochs": 2})  # fmt: skip
+        if args.long_epochs:
+            for pipeline in ("stream", "cached"):
+                plan.append({**plan[0], "pipeline": pipeline, "dtype": "float32",
+                             "bfc": args.allocators.split(",")[-1],
+                             "epochs": args.long_epochs, "long": True})  # fmt: skip
+        for job in plan:
+            rows += run_child(job, folder, cgroup, args)
+            add_ratios(rows)
+            print(markdown_table(rows[-job["epochs"] :]) if rows else "", flush=True)
+    print()
+    print(markdown_table(rows))
+
+
+def conditions(args: argparse.Namespace, cgroup: MemoryCgroup) -> str:
+    if cgroup.usable:
+        how = (f"each reader in its own cgroup v{cgroup.version} (under {cgroup.parent}), "
+               f"limit {args.limit_mib} MiB of RSS + page cache")  # fmt: skip
+    else:
+        how = ("NO cgroup (not root, or no memory controller): the page cache could not be "
+               "limited; the data's pages are evicted before every epoch instead")  # fmt: skip
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"{when}; {os.cpu_count()} cores (shared); {how}; "
+            "data's pages evicted before every child (posix_fadvise)")  # fmt: skip
+
+
+def sizes(case: str, folder: Path, count: int, limit_mib: int) -> str:
+    parts = []
+    for encoding in ENCODINGS:
+        mib = sum(p.stat().st_size for p in (folder / encoding).glob("*")) / 2**20
+        parts.append(f"{encoding} {mib / 1024:.2f} GiB ({mib / limit_mib:.1f}x the limit)")
+    return f"{case}: {count} pairs; shards: " + ", ".join(parts)
+
+
+def run_child(job: dict, folder: Path, cgroup: MemoryCgroup, args: argparse.Namespace) -> list:
+    cache = args.root / "caches" / f"{job['case']}-{job['pipeline']}-{os.getpid()}"
+    shutil.rmtree(cache, ignore_errors=True)
+    evict(folder)
+    job = {**job, "cache": str(cache), "evict_each_epoch": not cgroup.usable}
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": job["bfc"], "TF_CPP_MIN_LOG_LEVEL": "3"}
+    group = cgroup.create(f"tfshards-bench-{os.getpid()}") if cgroup.usable else None
+    procs = None if group is None else group / "cgroup.procs"
+
+    def enter() -> None:
+        if procs is not None:
+            procs.write_text(str(os.getpid()))
+
+    child_proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", json.dumps(job)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=enter,
+    )  # fmt: skip
+    out, err = child_proc.communicate()
+    results = [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
+    killed = child_proc.returncode != 0
+    oom = cgroup.oom_kills() if group is not None else 0
+    if group is not None:
+        cgroup.remove()
+    shutil.rmtree(cache, ignore_errors=True)
+    rows = [row(job, r) for r in results]
+    if killed:
+        why = f"killed by the OOM killer ({oom})" if oom else f"exit {child_proc.returncode}"
+        if not oom:
+            print(err[-2000:], file=sys.stderr)
+        rows.append({**row(job, {"epoch": len(results) + 1}), "pairs_per_s": why})
+    return rows
+
+
+def row(job: dict, r: dict) -> dict:
+    pairs = r.get("pairs", 0)
+    per = (lambda ms: round(ms / pairs, 2)) if pairs else (lambda ms: "")
+    return {
+        "case": job["case"],
+        "encoding": job["encoding"],
+        "pipeline": job["pipeline"] + (" (long)" if job.get("long") else ""),
+        "dtype": job["dtype"],
+        "BFC": job["bfc"],
+        "epoch": r["epoch"],
+        "pairs_per_s": round(pairs / r["seconds"]) if pairs else "",
+        "vs_bare": "",
+        "user_ms_per_pair": per(r.get("user_ms", 0)),
+        "sys_ms_per_pair": per(r.get("sys_ms", 0)),
+        "peak_rss_MiB": round(r["peak_rss_mib"]) if "peak_rss_mib" in r else "",
+        "disk_read_MiB": round(r["read_mib"]) if "read_mib" in r else "",
+    }
+
+
+def add_ratios(rows: list[dict]) -> None:
+    bare = {}
+    for r in rows:
+        if r["pipeline"] == "bare" and isinstance(r["pairs_per_s"], int):
+            bare.setdefault((r["case"], r["encoding"], r["BFC"]), []).append(r["pairs_per_s"])
+    for r in rows:
+        rates = bare.get((r["case"], r["encoding"], r["BFC"]))
+        if rates and isinstance(r["pairs_per_s"], int):
+            r["vs_bare"] = round(r["pairs_per_s"] / (sum(rates) / len(rates)), 2)
+
+
+# ---------------------------------------------------------------- child: one reader
+
+
+def dataset(job: dict):
+    import tfshards
+    from tfshards.benchmarking.baselines import ceiling_pipeline, keras_pipeline
+
+    batch = job["batch"]
+    if job["pipeline"] == "bare":
+        return ceiling_pipeline(Path(job["shards"]), batch_size=batch)
+    if job["pipeline"] == "hand":
+        Path(job["cache"]).mkdir(parents=True, exist_ok=True)
+        side = job["side"]
+        return keras_pipeline(Path(job["shards"]), (side, side), Path(job["cache"]) / "hand",
+                              channels=job["channels"], batch_size=batch)  # fmt: skip
+    cache = job["cache"] if job["pipeline"] == "cached" else None
+    return tfshards.read(job["shards"], batch_size=batch, image_dtype=job["dtype"], cache=cache)
+
+
+def child(job: dict) -> None:
+    ds = dataset(job)
+    for epoch in range(1, job["epochs"] + 1):
+        if job["evict_each_epoch"]:
+            evict(Path(job["shards"]))
+            if Path(job["cache"]).exists():
+                evict(Path(job["cache"]))
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        print("RESULT " + json.dumps({"epoch": epoch, **one_epoch(ds)}), flush=True)
+
+
+def one_epoch(ds) -> dict:
+    read0, before = _read_bytes(), resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    pairs, last, usage = 0, started, before
+    for batch in ds:
+        pairs += int(batch[0].shape[0] if isinstance(batch, tuple | list) else batch.shape[0])
+        last, usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    status = Path("/proc/self/status").read_text().splitlines()
+    hwm = next(int(x.split()[1]) for x in status if x.startswith("VmHWM:"))
+    return {
+        "pairs": pairs,
+        "seconds": last - started,
+        "user_ms": 1000 * (usage.ru_utime - before.ru_utime),
+        "sys_ms": 1000 * (usage.ru_stime - before.ru_stime),
+        "peak_rss_mib": hwm / 1024,
+        "read_mib": (_read_bytes() - read0) / 2**20,
+    }
+
+
+def _read_bytes() -> int:
+    for line in _read(Path("/proc/self/io")).splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+if __name__ == "__main__":
+    main()
