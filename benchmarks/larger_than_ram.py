@@ -58,6 +58,9 @@ def main() -> None:
     parser.add_argument("--cached-epochs", type=int, default=3)
     parser.add_argument("--long-epochs", type=int, default=5, help="RSS-flatness runs")
     parser.add_argument("--no-hand", action="store_true", help="skip the hand-written rows")
+    parser.add_argument(
+        "--knobs", action="store_true", help="only the reader-knob rows (raw, float32, BFC)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -159,6 +162,12 @@ class MemoryCgroup:
                 return int(line.split()[1])
         return 0
 
+    def peak_mib(self) -> float | None:
+        """The cgroup's peak charge (RSS + page cache charged to it) over the whole child."""
+        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+        text = _read(self.path / name).strip()
+        return int(text) / 2**20 if text.isdigit() else None
+
     def remove(self) -> None:
         for _ in range(50):
             try:
@@ -202,6 +211,29 @@ def jobs(case: str, folder: Path, allocator: str, args: argparse.Namespace) -> l
     return out
 
 
+# Reader knobs for large records, one at a time from the defaults (see readers/options.py).
+KNOBS = (
+    {},
+    {"read_buffer_bytes": 256 * 2**10},
+    {"read_buffer_bytes": 4 * 2**20},
+    {"read_buffer_bytes": 16 * 2**20},
+    {"cycle_length": 2},
+    {"cycle_length": 4},
+    {"parse_batch_size": 16},
+    {"shuffle_buffer": 16},
+    {"batch": 8},  # not a ReadOptions field: read(batch_size=)
+    {"batch": 16},
+)
+
+
+def knob_jobs(bare: dict, allocator: str) -> list[dict]:
+    """The bare read, then streaming float32 with each knob changed alone (raw records)."""
+    bare = {**bare, "bfc": allocator, "epochs": 1}
+    return [bare] + [
+        {**bare, "pipeline": "stream", "dtype": "float32", "options": knob} for knob in KNOBS
+    ]
+
+
 def run(args: argparse.Namespace) -> None:
     args.root.mkdir(parents=True, exist_ok=True)
     cgroup = MemoryCgroup(args.limit_mib * 2**20)
@@ -211,12 +243,14 @@ def run(args: argparse.Namespace) -> None:
         folder, count = prepare(args.root, case, args.limit_mib, args.factor)
         print(sizes(case, folder, count, args.limit_mib), flush=True)
         plan = [j for a in args.allocators.split(",") for j in jobs(case, folder, a, args)]
-        if not args.no_hand and CASES[case][1] == 3:
+        if args.knobs:
+            plan = knob_jobs(plan[0], args.allocators.split(",")[-1])
+        if not args.no_hand and not args.knobs and CASES[case][1] == 3:
             plan.append({"case": case, "side": CASES[case][0], "channels": 3,
                          "batch": CASES[case][2], "bfc": "false", "encoding": "(PNG files)",
                          "shards": str(folder / "data"), "pipeline": "hand",
                          "dtype": "float32", "epochs": 2})  # fmt: skip
-        if args.long_epochs:
+        if args.long_epochs and not args.knobs:
             for pipeline in ("stream", "cached"):
                 plan.append({**plan[0], "pipeline": pipeline, "dtype": "float32",
                              "bfc": args.allocators.split(",")[-1],
@@ -270,15 +304,17 @@ def run_child(job: dict, folder: Path, cgroup: MemoryCgroup, args: argparse.Name
     results = [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
     killed = child_proc.returncode != 0
     oom = cgroup.oom_kills() if group is not None else 0
+    peak = cgroup.peak_mib() if group is not None else None
     if group is not None:
         cgroup.remove()
     shutil.rmtree(cache, ignore_errors=True)
-    rows = [row(job, r) for r in results]
+    rows = [{**row(job, r), "cgroup_peak_MiB": round(peak) if peak else ""} for r in results]
     if killed:
         why = f"killed by the OOM killer ({oom})" if oom else f"exit {child_proc.returncode}"
         if not oom:
             print(err[-2000:], file=sys.stderr)
-        rows.append({**row(job, {"epoch": len(results) + 1}), "pairs_per_s": why})
+        failed = row(job, {"epoch": len(results) + 1})
+        rows.append({**failed, "pairs_per_s": why, "cgroup_peak_MiB": round(peak) if peak else ""})
     return rows
 
 
@@ -288,7 +324,7 @@ def row(job: dict, r: dict) -> dict:
     return {
         "case": job["case"],
         "encoding": job["encoding"],
-        "pipeline": job["pipeline"] + (" (long)" if job.get("long") else ""),
+        "pipeline": job["pipeline"] + (" (long)" if job.get("long") else "") + _knobs(job),
         "dtype": job["dtype"],
         "BFC": job["bfc"],
         "epoch": r["epoch"],
@@ -299,6 +335,11 @@ def row(job: dict, r: dict) -> dict:
         "peak_rss_MiB": round(r["peak_rss_mib"]) if "peak_rss_mib" in r else "",
         "disk_read_MiB": round(r["read_mib"]) if "read_mib" in r else "",
     }
+
+
+def _knobs(job: dict) -> str:
+    options = job.get("options") or {}
+    return "".join(f" {k}={v}" for k, v in options.items())
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -328,7 +369,12 @@ def dataset(job: dict):
         return keras_pipeline(Path(job["shards"]), (side, side), Path(job["cache"]) / "hand",
                               channels=job["channels"], batch_size=batch)  # fmt: skip
     cache = job["cache"] if job["pipeline"] == "cached" else None
-    return tfshards.read(job["shards"], batch_size=batch, image_dtype=job["dtype"], cache=cache)
+    knobs = dict(job.get("options") or {})
+    batch = knobs.pop("batch", batch)
+    options = tfshards.ReadOptions(**knobs) if knobs else None
+    return tfshards.read(
+        job["shards"], batch_size=batch, image_dtype=job["dtype"], cache=cache, options=options
+    )
 
 
 def child(job: dict) -> None:
