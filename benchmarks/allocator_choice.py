@@ -138,7 +138,8 @@ def one_pass(ds) -> tuple[float, float, float]:
     before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     pairs, last, usage = 0, started, before
     for batch in ds:
-        pairs += int(batch[0].shape[0])
+        first = batch[0] if isinstance(batch, tuple | list) else batch  # bare: record bytes
+        pairs += int(first.shape[0])
         last, usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     user = 1000 * (usage.ru_utime - before.ru_utime) / pairs
     return pairs / (last - started), user, 1000 * (usage.ru_stime - before.ru_stime) / pairs

@@ -223,15 +223,19 @@ KNOBS = (
     {"shuffle_buffer": 16},
     {"batch": 8},  # not a ReadOptions field: read(batch_size=)
     {"batch": 16},
+    {"ram_budget": 512 * 2**20},  # not a ReadOptions field: tf.data's autotune RAM budget
+    {"ram_budget": 256 * 2**20},
 )
 
 
 def knob_jobs(bare: dict, allocator: str) -> list[dict]:
     """The bare read, then streaming float32 with each knob changed alone (raw records)."""
     bare = {**bare, "bfc": allocator, "epochs": 1}
-    return [bare] + [
-        {**bare, "pipeline": "stream", "dtype": "float32", "options": knob} for knob in KNOBS
-    ]
+    knobs = [{**bare, "pipeline": "stream", "dtype": "float32", "options": k} for k in KNOBS]
+    # Five epochs of what fits a small machine (uint8, TensorFlow's default allocator).
+    flat = [{**bare, "pipeline": p, "dtype": "uint8", "bfc": "false", "epochs": 5, "long": True}
+            for p in ("stream", "cached")]  # fmt: skip
+    return [bare, *knobs, {**bare, "bfc": "false"}, *flat]
 
 
 def run(args: argparse.Namespace) -> None:
@@ -370,11 +374,18 @@ def dataset(job: dict):
                               channels=job["channels"], batch_size=batch)  # fmt: skip
     cache = job["cache"] if job["pipeline"] == "cached" else None
     knobs = dict(job.get("options") or {})
-    batch = knobs.pop("batch", batch)
+    batch, ram_budget = knobs.pop("batch", batch), knobs.pop("ram_budget", None)
     options = tfshards.ReadOptions(**knobs) if knobs else None
-    return tfshards.read(
+    ds = tfshards.read(
         job["shards"], batch_size=batch, image_dtype=job["dtype"], cache=cache, options=options
     )
+    if ram_budget:  # what a user can set on the dataset read() returns
+        import tensorflow as tf
+
+        budget = tf.data.Options()
+        budget.autotune.ram_budget = ram_budget
+        ds = ds.with_options(budget)
+    return ds
 
 
 def child(job: dict) -> None:
