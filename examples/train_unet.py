@@ -18,10 +18,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Imported before Keras/TensorFlow, so tfshards can turn on TensorFlow's BFC allocator
-# for CPU memory (TF_CPU_ALLOCATOR_USE_BFC=true; set it to false beforehand to opt out).
-import tfshards
-
 
 def unet(size: int, channels: int, classes: int):
     import keras
@@ -51,6 +47,8 @@ def evaluate(shards: str, model_path: str, size: int) -> None:
     """Runs in the second process: reuse the cache, evaluate, print the metrics."""
     import keras
 
+    import tfshards
+
     val = tfshards.read(shards, split="val", batch_size=16, image_size=(size, size), cache=True)
     model = keras.models.load_model(model_path)
     loss, accuracy = model.evaluate(val, verbose=0)
@@ -77,6 +75,7 @@ def main() -> None:
 
 
 def train_and_evaluate(args: argparse.Namespace, workdir: Path) -> None:
+    import tfshards
     from tfshards.converters.options import parse_mask_map
 
     if args.images is None:

@@ -2,13 +2,8 @@
 
 >>> import tfshards
 >>> tfshards.convert("data/images", "data/masks", "shards", val_fraction=0.1)  # doctest: +SKIP
-
-Importing tfshards before TensorFlow turns on TensorFlow's BFC allocator for CPU memory
-(``TF_CPU_ALLOCATOR_USE_BFC=true``, unless the variable is set already): see
-:mod:`tfshards.allocator`; ``TF_CPU_ALLOCATOR_USE_BFC=false`` opts out.
 """
 
-from tfshards.allocator import prefer_bfc_allocator
 from tfshards.checks import VerifyReport, dataset_summary, verify
 from tfshards.converters import ConvertOptions, convert, pair_files, synth
 from tfshards.errors import (
@@ -22,11 +17,6 @@ from tfshards.errors import (
 from tfshards.schemas import Manifest
 
 __version__ = "0.1.0"
-
-# The one import-time effect, on purpose: TensorFlow reads this variable only when it
-# starts (none of the imports above starts it), so later would be too late. Only when
-# TensorFlow is not imported yet and the variable is unset; logged at debug level.
-prefer_bfc_allocator()
 
 # The reader needs TensorFlow, which takes seconds to import; the converter and
 # its worker processes do not, so the reader is imported on first use.

@@ -15,7 +15,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
-from tfshards.allocator import ALLOCATOR_VARIABLE
 from tfshards.cli.datasets import add_bench, add_cache, add_export_tfds, add_inspect, add_verify
 from tfshards.cli.make import add_convert, add_demo, add_synth
 from tfshards.errors import OptionsError, TfshardsError
@@ -95,12 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="tfshards: %(levelname)s: %(message)s")
     quiet_tensorflow(verbose=args.verbose)
-    # `import tfshards` (above, before TensorFlow) asked for the BFC allocator unless set.
-    logging.getLogger("tfshards").debug(
-        "TensorFlow's CPU allocator: %s=%s",
-        ALLOCATOR_VARIABLE,
-        os.environ.get(ALLOCATOR_VARIABLE, "(unset)"),
-    )
     if getattr(args, "tensorflow", False):
         import_tensorflow(verbose=args.verbose)
     try:
