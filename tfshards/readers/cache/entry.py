@@ -133,7 +133,8 @@ class DiskCache:
 
     def parts(self, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
         """The published parts as (one path per kind..., record count, first record):
-        shuffled, in a new order each epoch, each starting at a new random record."""
+        shuffled, in a new order each epoch, each starting at a new random record (which
+        costs reading half a part more on average: see layouts._rotated)."""
         paths = [
             [str(self.part(self.ready, k, kind)) for k in range(CACHE_PARTS)]
             for kind in self.layout.kinds
