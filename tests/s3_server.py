@@ -139,3 +139,32 @@ def upload_folder(local: Path, url: str) -> None:
     for path in sorted(local.rglob("*")):
         if path.is_file():
             fs.put_file(str(path), f"{url.removeprefix('s3://')}/{path.relative_to(local)}")
+
+
+def start_gcs(monkeypatch: pytest.MonkeyPatch, *, bucket: str) -> Server:
+    """gcp-storage-emulator (in memory) with one bucket; gcsfs pointed at it.
+
+    gcsfs's experimental bucket-type probe speaks gRPC, which the emulator lacks: it is
+    switched off (GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false, read when gcsfs is imported;
+    if something imported gcsfs before, gs:// is pointed back at the plain GCSFileSystem).
+    """
+    program = _program("gcp-storage-emulator")
+    if program is None:
+        pytest.skip("gcp-storage-emulator is not installed")
+    monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import fsspec
+    import gcsfs.core
+
+    if fsspec.get_filesystem_class("gs") is not gcsfs.core.GCSFileSystem:
+        fsspec.register_implementation("gs", gcsfs.core.GCSFileSystem, clobber=True)
+    port = free_port()
+    process = subprocess.Popen(
+        [program, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
+        + ["--default-bucket", bucket],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    _wait_until_up(endpoint, process, "gcp-storage-emulator")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    return Server(endpoint, process)

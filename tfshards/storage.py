@@ -142,12 +142,12 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     key, never its value (it may be a secret).
     """
     options: dict[str, Any] = {}
-    for item in items:
+    for number, item in enumerate(items, start=1):
         key, sep, text = item.partition("=")
-        if not sep or not key.strip():
+        if not sep or not key.strip():  # nothing of it is shown: it may be a pasted secret
             raise OptionsError(
-                f"--storage-option {key.strip()!r}...: expected KEY=VALUE, "
-                "e.g. --storage-option profile=training"
+                f"--storage-option number {number} is not KEY=VALUE "
+                "(e.g. --storage-option profile=training)"
             )
         try:
             value = json.loads(text)
@@ -265,10 +265,18 @@ def retrying(
 # ---------------------------------------------------------------- operations
 
 
+def _fresh(location: str, storage_options: StorageOptions):
+    """The filesystem and path, with fsspec's cached listings of that path dropped: another
+    process or host may have written there since (a stale listing says "missing")."""
+    fs, path = filesystem(location, storage_options)
+    fs.invalidate_cache(path)
+    return fs, path
+
+
 def exists(location: Location, storage_options: StorageOptions = None) -> bool:
     if not is_url(location):
         return os.path.exists(location)
-    fs, path = filesystem(location, storage_options)
+    fs, path = _fresh(location, storage_options)
     return retrying("check whether it exists", location, lambda: fs.exists(path))
 
 
@@ -276,7 +284,7 @@ def isdir(location: Location, storage_options: StorageOptions = None) -> bool:
     """A local folder; for a URL, a prefix with at least one object under it (or a bucket)."""
     if not is_url(location):
         return os.path.isdir(location)
-    fs, path = filesystem(location, storage_options)
+    fs, path = _fresh(location, storage_options)
     return retrying("list", location, lambda: fs.isdir(path))
 
 
@@ -285,9 +293,24 @@ def stat(location: Location, storage_options: StorageOptions = None) -> FileStat
     if not is_url(location):
         result = os.stat(location)
         return FileStat(result.st_size, str(result.st_mtime_ns))
-    fs, path = filesystem(location, storage_options)
+    fs, path = _fresh(location, storage_options)
     info = retrying("look up", location, lambda: fs.info(path))
     return FileStat(int(info["size"]), _version(info))
+
+
+def walk_stats(root: Location, storage_options: StorageOptions = None) -> dict[str, FileStat]:
+    """Every file under root (relative name -> size and version) from one listing: no
+    request per object for a URL."""
+    if not is_url(root):
+        return {name: stat(Path(root) / name) for name in walk(root)}
+    fs, path = _fresh(root, storage_options)
+    found = retrying("list", root, lambda: fs.find(path, detail=True))
+    prefix = path.rstrip("/") + "/"
+    return {
+        key[len(prefix) :]: FileStat(int(info["size"]), _version(info))
+        for key, info in found.items()
+        if key.startswith(prefix)
+    }
 
 
 def _version(info: Mapping[str, Any]) -> str:
@@ -305,15 +328,14 @@ def open_file(location: Location, mode: str = "rb", storage_options: StorageOpti
     """A file object; for a URL opened for writing, the object appears whole on close."""
     if not is_url(location):
         return open(location, mode)  # noqa: SIM115 - the caller closes it
-    fs, path = filesystem(location, storage_options)
+    fs, path = _fresh(location, storage_options)
     return retrying(f"open ({mode})", location, lambda: fs.open(path, mode))
 
 
 def read_bytes(location: Location, storage_options: StorageOptions = None) -> bytes:
     if not is_url(location):
-        with open(location, "rb") as handle:
-            return handle.read()
-    fs, path = filesystem(location, storage_options)
+        return Path(location).read_bytes()
+    fs, path = _fresh(location, storage_options)
     return retrying("read", location, lambda: fs.cat_file(path))
 
 
@@ -344,7 +366,7 @@ def walk(
     ``skip_hidden_folders``, nothing under a folder whose name starts with '.' is listed.
     """
     if is_url(root):
-        fs, path = filesystem(root, storage_options)
+        fs, path = _fresh(root, storage_options)
         found = retrying("list", root, lambda: fs.find(path))
         prefix = path.rstrip("/") + "/"
         names = [item[len(prefix) :] for item in found if item.startswith(prefix)]
@@ -392,7 +414,7 @@ def get(location: Location, local: Location, storage_options: StorageOptions = N
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         if is_url(location):
-            fs, path = filesystem(location, storage_options)
+            fs, path = _fresh(location, storage_options)
             retrying("download", location, lambda: fs.get_file(path, os.fspath(tmp)))
         else:
             shutil.copyfile(location, tmp)

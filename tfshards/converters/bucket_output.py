@@ -78,7 +78,6 @@ class BucketOutput:
 
     def begin(self, fingerprint: str) -> dict[str, ShardResult] | Manifest:
         """Prepare for uploading; return the shards already uploaded, or a complete manifest."""
-        storage.forget(self.path, self.storage_options)
         existing = storage.walk(self.path, self.storage_options) if self._listable() else []
         tops = sorted({name.split("/", 1)[0] for name in existing})
         if self.overwrite:
@@ -180,7 +179,6 @@ class BucketOutput:
 
     def record(self, result: ShardResult) -> None:
         """Journal an uploaded shard with its object's version token, so a resume can skip it."""
-        storage.forget(self._url(result.file), self.storage_options)  # uploaded elsewhere
         found = storage.stat(self._url(result.file), self.storage_options)
         if found.size != result.bytes:
             raise OutputError(

@@ -42,7 +42,7 @@ from tfshards.schemas.manifest import (
     ShardInfo,
     SplitInfo,
 )
-from tfshards.storage import Location, StorageOptions, stat
+from tfshards.storage import FileStat, Location, StorageOptions, stat
 
 log = logging.getLogger("tfshards")
 _HEADER_SAMPLE = 32
@@ -182,7 +182,8 @@ def _plan(
     channels = options.channels or image_channels(pairs[0].image, store)
     options = options.resolved(channels)
     progress.checking(len(pairs))
-    fingerprint, file_bytes = _scan_files(pairs, options, store, progress.bar.update)
+    stat_of = _input_stats((images, masks if masks is not None else images), store)
+    fingerprint, file_bytes = _scan_files(pairs, options, stat_of, progress.bar.update)
     specs = plan_shards(
         pairs,
         seed=options.seed,
@@ -246,14 +247,38 @@ def _write_dataset(
     return manifest, len(todo), len(begun)
 
 
+def _input_stats(
+    roots: tuple[Location, Location], store: StorageOptions
+) -> Callable[[Location], FileStat]:
+    """How to stat an input file: ``os.stat`` for local folders; for a bucket prefix, one
+    recursive listing per prefix (sizes and ETags), not one request per object."""
+    if not (storage.is_url(roots[0]) or storage.is_url(roots[1])):
+        return lambda path: stat(path, store)
+    listed = {
+        os.fspath(storage.join(root, name)): found
+        for root in dict.fromkeys(roots)
+        for name, found in storage.walk_stats(root, store).items()
+    }
+
+    def listed_stat(path: Location) -> FileStat:
+        try:
+            return listed[os.fspath(path)]
+        except KeyError:
+            raise FileNotFoundError(2, "removed while listing the inputs", str(path)) from None
+
+    return listed_stat
+
+
 def _scan_files(
-    pairs: PairTable, options: ConvertOptions, store: StorageOptions, scanned: Callable[[int], None]
+    pairs: PairTable,
+    options: ConvertOptions,
+    stat_of: Callable[[Location], FileStat],
+    scanned: Callable[[int], None],
 ) -> tuple[str, np.ndarray]:
     """One stat per file: the resume fingerprint and each pair's source bytes.
 
     The fingerprint identifies the inputs (paths, sizes, versions: mtimes, ETags) and the
-    options, to guard --resume; nothing per file is kept but one int64 per pair (a bucket
-    answers from the listing fsspec cached while pairing).
+    options, to guard --resume; nothing per file is kept but one int64 per pair.
     """
     digest = hashlib.sha256(json.dumps(options.to_json(), sort_keys=True).encode())
     sizes = np.zeros(len(pairs), np.int64)
@@ -262,7 +287,7 @@ def _scan_files(
             scanned(min(_SCAN_STEP, len(pairs) - index))
         for path in (pair.image, pair.mask):
             try:
-                found = stat(path, store)
+                found = stat_of(path)
             except OSError as exc:
                 where = exc.filename or exc
                 raise PairingError(f"{where}: cannot read ({exc.strerror or exc})") from exc

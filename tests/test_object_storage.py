@@ -1,0 +1,377 @@
+"""Datasets in object storage, write side: the storage layer, convert into and from a bucket
+(moto's S3 server on 127.0.0.1, a GCS emulator), resume, overwrite, Beam, credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import convert_args, write_pairs
+from s3_server import s3_environment, s3_objects, upload_folder
+
+from tfshards import convert, storage
+from tfshards.checks.verify import verify
+from tfshards.cli import main
+from tfshards.errors import ManifestError, OptionsError, OutputError, StorageError
+from tfshards.schemas import Manifest
+
+SETTINGS = dict(num_shards=4, val_fraction=0.2, num_classes=3, seed=5, progress=False)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def local_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+# ---------------------------------------------------------------- storage layer
+
+
+def test_storage_on_memory_urls(tmp_path):
+    root = "memory://tfshards-test/walk"
+    storage.write_bytes(f"{root}/a.txt", b"one")
+    storage.write_bytes(f"{root}/sub/b.txt", b"two")
+    storage.write_bytes(f"{root}/.hidden/c.txt", b"three")
+    assert storage.walk(root) == [".hidden/c.txt", "a.txt", "sub/b.txt"]
+    assert storage.walk(root, skip_hidden_folders=True) == ["a.txt", "sub/b.txt"]
+    assert storage.exists(f"{root}/a.txt") and not storage.exists(f"{root}/nope")
+    assert storage.size(f"{root}/sub/b.txt") == 3
+    (tmp_path / "up.bin").write_bytes(b"x" * 1000)
+    storage.put(tmp_path / "up.bin", f"{root}/up.bin")
+    storage.get(f"{root}/up.bin", tmp_path / "down.bin")
+    assert storage.sha256_file(tmp_path / "down.bin") == storage.sha256_file(tmp_path / "up.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["down.bin", "up.bin"]  # no temporary
+    storage.remove(f"{root}/sub", recursive=True)
+    storage.remove(f"{root}/never-there")  # no error
+    assert storage.walk(root) == [".hidden/c.txt", "a.txt", "up.bin"]
+    assert storage.join(root, "x", "y.png") == f"{root}/x/y.png"
+    assert storage.join(tmp_path, "y.png") == tmp_path / "y.png"
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes(f"{root}/nope")
+
+
+def test_local_paths_take_plain_calls(tmp_path):
+    storage.write_bytes(tmp_path / "f.bin", b"abc")
+    assert storage.walk(tmp_path) == ["f.bin"]  # no temporary file left
+    assert storage.stat(str(tmp_path / "f.bin")).size == 3
+    assert not storage.is_url(tmp_path) and not storage.is_url("data/s3:/x")
+    assert "fsspec" not in storage.join.__code__.co_names
+
+
+def test_missing_protocol_package_names_the_url_and_the_extra():
+    pytest.importorskip("s3fs")
+    with pytest.raises(StorageError, match=r"nosuchproto://b/x: .*nosuchproto"):
+        storage.exists("nosuchproto://b/x")
+    try:
+        import adlfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(StorageError, match=r"az://container/x: the az:// protocol needs"):
+            storage.exists("az://container/x")
+
+
+def test_display_drops_user_info():
+    assert storage.display("ftp://user:s3cret@host/data") == "ftp://host/data"
+
+
+def test_parse_storage_options():
+    parsed = storage.parse_options(
+        ["anon=true", "profile=training", "client_kwargs.region_name=eu-west-1", "retries=3"]
+    )
+    assert parsed == {
+        "anon": True,
+        "profile": "training",
+        "client_kwargs": {"region_name": "eu-west-1"},
+        "retries": 3,
+    }
+    with pytest.raises(OptionsError, match="number 2 is not KEY=VALUE") as caught:
+        storage.parse_options(["anon=true", "pasted-secret"])
+    assert "pasted-secret" not in str(caught.value)
+
+
+def test_transient_errors_are_retried_then_named(monkeypatch):
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return "ok"
+
+    monkeypatch.setattr(storage, "_FIRST_DELAY", 0.01)
+    assert storage.retrying("read", "s3://b/k", flaky) == "ok" and len(calls) == 3
+
+    def down():
+        raise TimeoutError("timed out")
+
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"s3://b/k: cannot read after \d+ attempts \(Timeout"):
+        storage.retrying("read", "s3://b/k", down, seconds=0.3)
+    assert time.monotonic() - started < 2
+
+    def denied():
+        raise PermissionError("Access Denied")
+
+    with pytest.raises(StorageError, match=r"s3://b/k: cannot read \(PermissionError"):
+        storage.retrying("read", "s3://b/k", denied)
+
+
+def test_a_server_that_is_down_fails_within_the_bound(monkeypatch, s3_server):
+    from s3_server import free_port
+
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 2.0)
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{free_port()}",
+        "key": "k",
+        "secret": "s",
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+    }
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"s3://bucket/x/tfshards.json: cannot read"):
+        storage.read_bytes("s3://bucket/x/tfshards.json", options)
+    assert time.monotonic() - started < 30
+
+
+# ---------------------------------------------------------------- convert into S3
+
+
+def test_convert_local_to_s3_is_byte_identical(tmp_path, s3_bucket):
+    images, masks = write_pairs(tmp_path / "data", 30)
+    local = convert(images, masks, tmp_path / "local", workers=2, **SETTINGS)
+    out = f"{s3_bucket}/shards"
+    remote = convert(images, masks, out, workers=2, **SETTINGS)
+    assert remote == local
+    objects = s3_objects(out)
+    assert objects == local_files(tmp_path / "local")  # shards and manifest, nothing else
+    assert Manifest.load(out) == local
+    report = verify(out)
+    assert report.ok, report.table()
+
+
+def test_convert_s3_to_s3_with_name_patterns(tmp_path, s3_bucket):
+    images, masks = write_pairs(tmp_path / "data", 20)
+    both = tmp_path / "both"
+    both.mkdir()
+    for path in images.iterdir():
+        (both / f"image_{path.name}").write_bytes(path.read_bytes())
+    for path in masks.iterdir():
+        (both / f"mask_{path.name}").write_bytes(path.read_bytes())
+    patterns = dict(image_pattern="image_{key}.png", mask_pattern="mask_{key}.png")
+    local = convert(both, None, tmp_path / "local", workers=1, **patterns, **SETTINGS)
+    upload_folder(both, f"{s3_bucket}/inputs")
+    out = f"{s3_bucket}/shards"
+    remote = convert(f"{s3_bucket}/inputs", None, out, workers=2, **patterns, **SETTINGS)
+    assert remote.splits == local.splits
+    assert remote.source["images"] == f"{s3_bucket}/inputs"
+    objects = s3_objects(out)
+    expected = local_files(tmp_path / "local")
+    assert {k: v for k, v in objects.items() if k != "tfshards.json"} == {
+        k: v for k, v in expected.items() if k != "tfshards.json"
+    }
+
+
+def test_inputs_from_two_prefixes_via_cli(tmp_path, s3_bucket, capsys):
+    images, masks = write_pairs(tmp_path / "data", 12)
+    upload_folder(tmp_path / "data", f"{s3_bucket}/data")
+    out = f"{s3_bucket}/shards"
+    command = convert_args(f"{s3_bucket}/data/images", f"{s3_bucket}/data/masks", out)
+    assert main([*command, "--num-shards", "2"]) == 0
+    assert "12 pairs" in capsys.readouterr().out
+    assert main(["verify", out]) == 0
+    assert "OK: s3://" in capsys.readouterr().out
+    assert main(["inspect", out, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == out
+
+
+def test_missing_input_prefix_is_bad_usage(tmp_path, s3_bucket, capsys):
+    assert main(convert_args(f"{s3_bucket}/none", f"{s3_bucket}/none2", tmp_path / "o")) == 2
+    assert f"{s3_bucket}/none: not a folder" in capsys.readouterr().err
+
+
+def test_verify_names_a_flipped_byte_in_a_bucket(tmp_path, s3_bucket):
+    import s3fs
+
+    images, masks = write_pairs(tmp_path / "data", 12)
+    out = f"{s3_bucket}/shards"
+    manifest = convert(images, masks, out, workers=1, **SETTINGS)
+    shard = manifest.splits["train"].shards[1].file
+    fs = s3fs.S3FileSystem()
+    key = f"{out.removeprefix('s3://')}/{shard}"
+    data = bytearray(fs.cat_file(key))
+    data[len(data) // 2] ^= 0x01
+    fs.pipe_file(key, bytes(data))
+    report = verify(out, quick=True)
+    assert not report.ok
+    bad = [s for s in report.shards if not s.ok]
+    assert [s.file for s in bad] == [shard] and "sha256 differs" in bad[0].problems[0]
+
+
+def test_a_prefix_without_manifest_is_no_dataset(s3_bucket):
+    with pytest.raises(ManifestError, match=r"s3://.*/nothing/tfshards.json: no manifest"):
+        Manifest.load(f"{s3_bucket}/nothing")
+
+
+def test_non_empty_prefix_needs_resume_or_overwrite(tmp_path, s3_bucket):
+    images, masks = write_pairs(tmp_path / "data", 8)
+    storage.write_bytes(f"{s3_bucket}/shards/notes.txt", b"mine")
+    with pytest.raises(OutputError, match=r"shards is not empty .*--overwrite"):
+        convert(images, masks, f"{s3_bucket}/shards", workers=1, **SETTINGS)
+
+
+def test_overwrite_removes_the_old_dataset_after_the_new_manifest(tmp_path, s3_bucket):
+    images, masks = write_pairs(tmp_path / "data", 24)
+    out = f"{s3_bucket}/shards"
+    convert(images, masks, out, workers=1, **SETTINGS)
+    storage.write_bytes(f"{out}/README.txt", b"not ours")
+    settings = {**SETTINGS, "num_shards": 2}
+    new = convert(images, masks, out, workers=1, overwrite=True, **settings)
+    convert(images, masks, tmp_path / "local", workers=1, **settings)
+    objects = s3_objects(out)
+    assert objects.pop("README.txt") == b"not ours"  # only tfshards' own objects go
+    assert objects == local_files(tmp_path / "local")
+    assert Manifest.load(out) == new
+
+
+def test_a_failed_overwrite_leaves_no_manifest(tmp_path, s3_bucket):
+    from PIL import Image
+
+    images, masks = write_pairs(tmp_path / "data", 12)
+    out = f"{s3_bucket}/shards"
+    convert(images, masks, out, workers=1, **SETTINGS)
+    Image.new("L", (3, 3)).save(masks / "004.png")
+    with pytest.raises(Exception, match=r"pair '004'"):
+        convert(images, masks, out, workers=1, overwrite=True, **SETTINGS)
+    assert "tfshards.json" not in s3_objects(out)  # never the old manifest over new shards
+    with pytest.raises(ManifestError, match="no manifest"):
+        Manifest.load(out)
+
+
+def _journal(out: str) -> list[str]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    try:
+        return fs.find(f"{out.removeprefix('s3://')}/.tfshards-work/done")
+    except FileNotFoundError:
+        return []
+
+
+def test_resume_after_a_kill_uploads_only_the_rest(tmp_path, s3_bucket, s3_server):
+    images, masks = write_pairs(tmp_path / "data", 160, size=(96, 96))
+    out = f"{s3_bucket}/shards"
+    command = [
+        sys.executable,
+        "-m",
+        "tfshards.cli",
+        "-q",
+        *convert_args(images, masks, out),
+        "--num-shards",
+        "40",
+        "--workers",
+        "1",
+    ]
+    env = {**os.environ, **s3_environment(s3_server.endpoint), "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(_journal(out)) < 3 and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    journaled = len(_journal(out))
+    assert 3 <= journaled < 40, "the conversion ended before it could be killed"
+    assert "tfshards.json" not in s3_objects(out)
+    resumed = subprocess.run(
+        [*command, "--resume"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    reused = int(resumed.stdout.split(" written, ")[1].split(" reused")[0])
+    assert reused >= journaled
+    written = int(resumed.stdout.split("(")[1].split(" shard")[0])
+    assert written + reused == sum(len(s.shards) for s in Manifest.load(out).splits.values())
+    local = tmp_path / "local"
+    assert main([*convert_args(images, masks, local), "--num-shards", "40"]) == 0
+    assert s3_objects(out) == local_files(local)
+
+
+def test_beam_multi_process_writes_to_s3_like_local(tmp_path, s3_bucket, s3_server):
+    pytest.importorskip("apache_beam")
+    from tfshards.converters.beam import beam_runner
+
+    images, masks = write_pairs(tmp_path / "data", 24)
+    upload_folder(tmp_path / "data", f"{s3_bucket}/data")
+    local = convert(images, masks, tmp_path / "local", workers=2, **SETTINGS)
+    runner = beam_runner(
+        "--runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing"
+    )
+    out = f"{s3_bucket}/shards"
+    remote = convert(
+        f"{s3_bucket}/data/images", f"{s3_bucket}/data/masks", out, runner=runner, **SETTINGS
+    )
+    assert remote.splits == local.splits
+    objects = s3_objects(out)
+    expected = local_files(tmp_path / "local")
+    assert objects.keys() == expected.keys()
+    assert {k: v for k, v in objects.items() if k != "tfshards.json"} == {
+        k: v for k, v in expected.items() if k != "tfshards.json"
+    }
+
+
+def test_a_secret_key_is_never_printed_nor_stored(tmp_path, s3_bucket, s3_server, capfd):
+    secret = "SECRETtfshards0xC0FFEE0xC0FFEE"
+    images, masks = write_pairs(tmp_path / "data", 8)
+    out = f"{s3_bucket}/shards"
+    flags = [
+        f"--storage-option=key={os.environ['AWS_ACCESS_KEY_ID']}",
+        f"--storage-option=secret={secret}",
+        f"--storage-option=endpoint_url={s3_server.endpoint}",
+    ]
+    log = tmp_path / "log.txt"
+    import logging
+
+    handler = logging.FileHandler(log)
+    logging.getLogger().addHandler(handler)
+    try:
+        assert main(["-v", *convert_args(images, masks, out), *flags, "--num-shards", "2"]) == 0
+        assert main(["verify", out, *flags]) == 0
+        assert main(["inspect", out, *flags]) == 0
+        # Failures: a missing prefix, a bucket that does not exist.
+        assert main(["verify", f"{s3_bucket}/absent", *flags]) == 1
+        assert main([*convert_args(images, masks, "s3://no-such-bucket-x/o"), *flags]) == 1
+        assert main(["convert", "--images", "x", "--out", "y", "--storage-option", secret]) == 2
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    printed = capfd.readouterr()
+    assert "error" in printed.err
+    for text in (printed.out, printed.err, log.read_text()):
+        assert secret not in text
+    for name, data in s3_objects(out).items():
+        assert secret.encode() not in data, name
+
+
+def test_gcs_emulator_smoke(tmp_path, monkeypatch):
+    """gs:// through gcsfs against gcp-storage-emulator (in-memory) on 127.0.0.1."""
+    pytest.importorskip("gcsfs")
+    from s3_server import start_gcs
+
+    server = start_gcs(monkeypatch, bucket="tfshards-gcs")
+    try:
+        images, masks = write_pairs(tmp_path / "data", 12)
+        local = convert(images, masks, tmp_path / "local", workers=1, **SETTINGS)
+        options = {"token": "anon", "project": "test"}
+        out = "gs://tfshards-gcs/shards"
+        remote = convert(images, masks, out, workers=1, storage_options=options, **SETTINGS)
+        assert remote == local
+        names = storage.walk(out, options)
+        assert names == sorted(local_files(tmp_path / "local"))
+        for name in names:
+            data = storage.read_bytes(f"{out}/{name}", options)
+            assert data == (tmp_path / "local" / name).read_bytes()
+        assert verify(out, storage_options=options).ok
+    finally:
+        server.stop()
