@@ -152,6 +152,21 @@ def test_convert_local_to_s3_is_byte_identical(tmp_path, s3_bucket):
     assert report.ok, report.table()
 
 
+def test_index_files_and_tfds_metadata_in_a_bucket(tmp_path, s3_bucket):
+    pytest.importorskip("tensorflow_datasets")
+    images, masks = write_pairs(tmp_path / "data", 12)
+    extra = dict(index=True, tfds_metadata=True, workers=1, **SETTINGS)
+    convert(images, masks, tmp_path / "local", **extra)
+    out = f"{s3_bucket}/shards"
+    convert(images, masks, out, **extra)
+    objects, files = s3_objects(out), local_files(tmp_path / "local")
+    assert objects.keys() == files.keys()
+    assert any(name.endswith(".idx") for name in objects)
+    for name in ("dataset_info.json", "features.json"):  # TFDS's JSON; its paths differ
+        assert json.loads(objects.pop(name)) and files.pop(name)
+    assert objects == files
+
+
 def test_convert_s3_to_s3_with_name_patterns(tmp_path, s3_bucket):
     images, masks = write_pairs(tmp_path / "data", 20)
     both = tmp_path / "both"

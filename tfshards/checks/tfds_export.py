@@ -66,6 +66,9 @@ def export_tfds(
         ) from None
     if storage.is_url(path):
         with tempfile.TemporaryDirectory(prefix="tfshards-tfds-") as tmp:
+            for split in manifest.splits.values():  # TFDS finds shards by name: empty stand-ins
+                for shard in split.shards:
+                    (Path(tmp) / shard.file).touch()
             _write_metadata(tfds, manifest, Path(tmp), name, check_data=False)
             for file in TFDS_FILES:
                 storage.put(Path(tmp) / file, storage.join(path, file), storage_options)
