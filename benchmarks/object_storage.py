@@ -52,7 +52,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="passes per row (default 3)")
     parser.add_argument("--rows", choices=("all", "convert"), default="all")
     parser.add_argument("--before", type=Path, help="a tfshards tree to time local convert against")
-    parser.add_argument("--after", type=Path, help="the tree timed against --before (default: this)")
+    parser.add_argument(
+        "--after", type=Path, help="the tree timed against --before (default: here)"
+    )
     args = parser.parse_args()
     from s3_server import s3_environment, start_moto
 
