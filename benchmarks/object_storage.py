@@ -146,7 +146,11 @@ def local_before_after(
             command += ["--images", str(images), "--masks", str(masks), "--out", str(out)]
             env = {**os.environ, "PYTHONPATH": str(tree)}
             results[name].append(
-                _timed(lambda c=command, e=env: subprocess.run(c, env=e, check=True))
+                _timed(
+                    lambda c=command, e=env: subprocess.run(
+                        c, env=e, check=True, stdout=subprocess.DEVNULL
+                    )
+                )
             )
     pairs = sum(1 for _ in images.iterdir())
     return [row(name, runs, pairs) for name, runs in results.items()]

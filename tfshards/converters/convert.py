@@ -7,8 +7,16 @@ import json
 import logging
 import multiprocessing
 import os
+import tempfile
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    as_completed,
+    wait,
+)
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,7 @@ from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
     init_worker,
+    upload_shard,
     write_shard,
     write_shard_in_worker,
 )
@@ -47,6 +56,7 @@ from tfshards.storage import FileStat, Location, StorageOptions, stat
 log = logging.getLogger("tfshards")
 _HEADER_SAMPLE = 32
 _SCAN_STEP = 4096  # pairs stat()ed between progress updates
+_UPLOADS = 2  # shards uploaded at once into a bucket, while the workers write the next
 
 
 # Writes the planned shards into a folder or bucket prefix (with these storage options) and
@@ -236,7 +246,8 @@ def _write_dataset(
         channels = options.channels
         progress.converting(sum(len(spec.pairs) for spec in todo))
         if run.runner is None:
-            results_of = _write_shards(todo, options, channels, out, run, progress)
+            write = _write_and_upload if storage.is_url(out) else _write_shards
+            results_of = write(todo, options, channels, out, run, progress)
         else:
             results_of = run.runner(todo, options, channels, out, run.storage_options)
         for result in results_of:
@@ -367,6 +378,37 @@ def _write_shards(
             for future in pending:
                 future.cancel()
             raise
+
+
+def _write_and_upload(
+    specs: list[ShardSpec],
+    options: ConvertOptions,
+    channels: int,
+    out: str,
+    run: ConvertRun,
+    progress: ConversionProgress,
+):
+    """Into a bucket: the workers write shards into a local staging folder (``TMPDIR``) and
+    this process uploads each one whole while they write the next; a result is yielded
+    (and journaled) once its object is up. The staging folder holds the shards written
+    and not yet uploaded, usually one or two."""
+    store = run.storage_options
+    with (
+        tempfile.TemporaryDirectory(prefix="tfshards-staging-") as staging,
+        ThreadPoolExecutor(_UPLOADS, thread_name_prefix="tfshards-upload") as uploads,
+    ):
+        pending: dict[Future, ShardResult] = {}
+        for result in _write_shards(specs, options, channels, Path(staging), run, progress):
+            upload = uploads.submit(
+                upload_shard, Path(staging), result.file, out, options.index, store
+            )
+            pending[upload] = result
+            for upload in [f for f in pending if f.done()]:
+                upload.result()
+                yield pending.pop(upload)
+        for upload in as_completed(list(pending)):
+            upload.result()
+            yield pending.pop(upload)
 
 
 def _manifest(

@@ -56,12 +56,21 @@ def write_shard(
         return _write_file(spec, options, channels, Path(out_dir), progress, storage_options)
     with tempfile.TemporaryDirectory(prefix="tfshards-shard-") as tmp:
         result = _write_file(spec, options, channels, Path(tmp), progress, storage_options)
-        local = Path(tmp) / spec.file_name
-        if options.index:
-            index = index_path(local)
-            storage.put(index, storage.join(out_dir, index.name), storage_options)
-        storage.put(local, storage.join(out_dir, spec.file_name), storage_options)
+        upload_shard(Path(tmp), spec.file_name, out_dir, options.index, storage_options)
     return result
+
+
+def upload_shard(
+    folder: Path, file_name: str, out: str, index: bool, storage_options: StorageOptions
+) -> None:
+    """Upload a finished shard from a local folder, its index file first, then remove both
+    local files."""
+    local = folder / file_name
+    if index:
+        storage.put(index_path(local), storage.join(out, index_path(local).name), storage_options)
+        index_path(local).unlink()
+    storage.put(local, storage.join(out, file_name), storage_options)
+    local.unlink()
 
 
 def _write_file(
