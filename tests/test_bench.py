@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import sys
+from pathlib import Path
 
+import pytest
 from conftest import write_pairs
 
-from tfshards.benchmarking.report import COLUMNS
-from tfshards.cli import main
+from tfshards.benchmarking.report import COLUMNS, markdown, plot_series
+from tfshards.benchmarking.sweep import SweepConfig, SweepResult
+from tfshards.cli import bench, build_parser, main
+from tfshards.cli.bench import _config, quick_size
 
 
 def bench_args(tmp_path, images, masks):
@@ -33,7 +38,7 @@ def bench_args(tmp_path, images, masks):
         "--cycle-lengths",
         "1",
         "--repeats",
-        "1",
+        "3",
     ]
 
 
@@ -59,7 +64,9 @@ def test_tiny_sweep_writes_every_output(tmp_path, capsys):
     text = (report / "report.md").read_text()
     assert "## Recommendation" in text and "--encoding raw" in text
     assert (report / "throughput.png").stat().st_size > 0
-    assert "wrote" in capsys.readouterr().out
+    assert "cold = streamed" in text and "warm = read from" in text
+    out = capsys.readouterr().out
+    assert "wrote" in out and "Found" not in out, "Keras' 'Found N files.' lines are kept out"
 
 
 def test_without_matplotlib_the_report_says_how_to_get_the_plot(tmp_path, capsys, monkeypatch):
@@ -67,7 +74,95 @@ def test_without_matplotlib_the_report_says_how_to_get_the_plot(tmp_path, capsys
     images, masks = write_pairs(tmp_path / "data", 12, size=(8, 8))
     args = bench_args(tmp_path, images, masks)
     args[args.index("1,2")] = "1"
+    args[args.index("--repeats") + 1] = "1"
     assert main(args) == 0
     assert not (tmp_path / "report" / "throughput.png").exists()
     assert 'pip install "tfshards[bench]"' in capsys.readouterr().out
     assert (tmp_path / "report" / "results.csv").exists()
+
+
+def result_with(rows, *, repeats=3, note=""):
+    config = SweepConfig(Path("i"), Path("m"), Path("w"), repeats=repeats, note=note)
+    return SweepResult(
+        config,
+        {},
+        "page cache warm",
+        4 * 2**20,
+        300,
+        pair_pixels=64 * 64 * 4,
+        baselines={"keras_first_epoch": 100.0, "keras_disk_cached": 900.0},
+        rows=rows,
+        complete=True,
+    )
+
+
+ROW = dict(
+    shards=4,
+    encoding="deflate",
+    compression="none",
+    cycle_length=4,
+    bytes=3 * 2**20,
+    disk_ratio=0.8,
+    cold_pairs_per_s=3000.0,
+    warm_pairs_per_s=1300.0,
+    cold_vs_keras=30.0,
+)
+
+
+def test_report_and_plot_show_warm_and_cold_and_say_why_warm_is_slower():
+    result = result_with([ROW, dict(ROW, shards=16, warm_pairs_per_s=3500.0)])
+    text = markdown(result)
+    assert "Warm epochs were slower than cold ones in 1 of 2 rows" in text
+    assert "not timed" in text and "small data" in text
+    assert plot_series(result) == {
+        "deflate/none cold": ([4, 16], [3000.0, 3000.0]),
+        "deflate/none warm": ([4, 16], [1300.0, 3500.0]),
+    }
+
+
+def test_a_recommendation_needs_three_passes():
+    assert result_with([ROW]).recommendation() is not None
+    single = result_with([ROW], repeats=1)
+    assert single.recommendation() is None
+    assert "at least 3 passes per point, and this run made 1" in markdown(single)
+
+
+def test_quick_mode_states_its_size_and_makes_three_passes(tmp_path):
+    args = build_parser().parse_args(["bench", "--synthetic", "1000", "--quick"])
+    assert quick_size(args) == (300, 64)
+    config = _config(args, tmp_path / "i", tmp_path / "m", tmp_path)
+    assert config.repeats >= 3
+    assert "300 synthetic pairs of 64x64 (asked for 1000 of 256x256)" in config.note
+    assert config.note in markdown(result_with([ROW], note=config.note))
+
+
+def test_log_lines_during_the_bench_progress_bar_start_on_their_own_line(tmp_path, capsys):
+    handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger().addHandler(handler)
+    images, masks = write_pairs(tmp_path / "data", 4, size=(8, 8))
+    config = SweepConfig(
+        images,
+        masks,
+        tmp_path / "w",
+        shards=(1,),
+        encodings=("raw",),
+        compressions=("none",),
+        cycle_lengths=(1,),
+        repeats=1,
+    )
+
+    def sweep(config, on_step, result):
+        on_step("one")
+        logging.getLogger("tfshards").warning("a log line")
+        on_step("two")
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(bench, "run_sweep", sweep)
+            assert bench._sweep_and_report(config, tmp_path / "r", quiet=False) == 130
+    finally:
+        logging.getLogger().removeHandler(handler)
+    err = capsys.readouterr().err
+    before = err[: err.index("a log line")]
+    assert before.endswith(("\r", "\n")) or before.rstrip(" ").endswith(("\r", "\n")), before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ from PIL import Image
 
 import tfshards
 from tfshards import convert, verify
-from tfshards.checks.inspect import class_weights, dataset_summary, write_preview
+from tfshards.checks.info import weights_from_pixels
+from tfshards.checks.inspect import dataset_summary, write_preview
 from tfshards.cli import main
 
 
@@ -135,16 +137,17 @@ def test_inspect_summary_weights_and_preview(good, tmp_path, capsys):
     summary = dataset_summary(good)
     assert summary["records"] == 30 and set(summary["splits"]) == {"train", "val"}
     assert sum(summary["class_pixels"]) == 30 * 24 * 32
-    assert class_weights([100, 300, 0, 200]) == [2.0, 0.6667, 0.0, 1.0]
+    weights = weights_from_pixels([100, 300, 0, 200], "median_frequency")
+    assert weights == pytest.approx([2.0, 2 / 3, 0.0, 1.0])
     assert main(["-q", "inspect", str(good), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["records"] == 30
     assert (
         main(["-q", "inspect", str(good), "--preview", str(tmp_path / "p.png"), "--count", "3"])
         == 0
     )
-    assert "suggested weight" in capsys.readouterr().out
-    preview = Image.open(tmp_path / "p.png")
-    assert preview.size[0] == 3 * 160 and preview.size[1] == 3 * (160 + 14)
+    assert "weight (train, median frequency)" in capsys.readouterr().out
+    preview = Image.open(tmp_path / "p.png")  # titles, 3 rows with keys, a legend line
+    assert preview.size == (3 * 160, 14 + 3 * (160 + 14) + 14)
     val_records = tfshards.Manifest.load(good).splits["val"].records
     assert write_preview(good, tmp_path / "q.png", count=100, split="val") == val_records
 
@@ -257,3 +260,25 @@ def test_keys_repeated_across_shards_are_reported(damaged):
     bad = [s for s in verify(damaged).shards if not s.ok]
     assert [s.file for s in bad] == [copy.name]
     assert "also in " + train["file"] in bad[0].problems[0]
+
+
+CHECKS_SCRIPT = """
+import sys
+import tfshards
+assert tfshards.verify(sys.argv[1]).ok
+tfshards.dataset_summary(sys.argv[1])
+tfshards.class_weights(sys.argv[1])
+tfshards.checks.inspect.write_preview(sys.argv[1], sys.argv[1] + "/../p.png", count=2)
+loaded = [name for name in ("tensorflow", "tensorflow_datasets") if name in sys.modules]
+print("loaded:", loaded)
+"""
+
+
+def test_checks_and_their_record_decoder_need_no_tensorflow(good):
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKS_SCRIPT, str(good)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "loaded: []"

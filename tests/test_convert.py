@@ -259,7 +259,7 @@ def test_cli_exit_codes_and_messages(tmp_path, capsys):
     assert main([*convert_args(images, masks, tmp_path / "out"), "--num-classes", "3"]) == 0
     assert "train" in capsys.readouterr().out
     assert main([*convert_args(images, masks, tmp_path / "out")]) == 1
-    assert "not empty" in capsys.readouterr().err
+    assert "holds a complete dataset" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # lossy encodings are not offered for masks
         main([*convert_args(images, masks, tmp_path / "o2"), "--mask-encoding", "jpeg"])
     assert exit_info.value.code == 2

@@ -46,9 +46,11 @@ def test_readme_conversion_and_reading_examples_run_as_written(tmp_path):
     python = [code for lang, code in readme_blocks("Converting") if lang == "python"]
     python += [code for lang, code in readme_blocks("Reading") if lang == "python"]
     assert len(python) >= 3
-    script = "\n".join(python)
+    assert 'if __name__ == "__main__":' in python[0], "the conversion snippet has the guard"
+    script = tmp_path / "readme_example.py"  # saved as a file, as a user would (spawn workers)
+    script.write_text("\n".join(python))
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "training pairs" in done.stdout
@@ -90,7 +92,9 @@ def test_binary_masks_stop_before_writing_then_convert_read_and_fit(tmp_path, ca
     capsys.readouterr()
     assert main(["inspect", str(out)]) == 0
     table = capsys.readouterr().out
-    assert re.search(r"^\s+1\s+1,255\s", table, flags=re.M), table
+    assert "--binary-masks (0 -> class 0; 255, or 1, -> class 1)" in table
+    assert re.search(r"^\s+1\s+\d+\s+\d+\.\d+%", table, flags=re.M), table
+    assert "1,255" not in table and "1 channel," in table
     assert not re.search(r"^\s+2\s", table, flags=re.M), "only classes present are listed"
 
     import keras

@@ -8,7 +8,7 @@ from conftest import convert_args, write_pairs
 
 import tfshards
 from tfshards import OptionsError, convert
-from tfshards.checks.tfds_export import export_tfds
+from tfshards.converters.tfds_metadata import export_tfds
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -40,9 +40,19 @@ def test_tfds_loads_every_split_pixel_equal(tmp_path, encoding):
         theirs = list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
         assert len(theirs) == info.records
         for index, example in enumerate(theirs):
-            assert np.array_equal(example["image"]["encoded"], our_images[index])
-            assert np.array_equal(example["mask"]["encoded"], our_masks[index])
-            assert example["image"]["height"] == 12
+            assert np.array_equal(example["image/encoded"], our_images[index])
+            assert np.array_equal(example["mask/encoded"], our_masks[index])
+            assert example["image/height"] == 12
+        pairs = builder.as_dataset(split=split, shuffle_files=False, as_supervised=True)
+        for index, (image, mask) in enumerate(tfds.as_numpy(pairs)):
+            assert np.array_equal(image, our_images[index])
+            assert np.array_equal(mask, our_masks[index])
+    mask_feature = builder.info.features["mask/encoded"]
+    if encoding in ("png", "keep"):
+        assert mask_feature.num_classes == 3
+    else:
+        assert "3 classes" in mask_feature.doc.desc and mask_feature._maximum == 2
+    assert builder.info.supervised_keys == ("image/encoded", "mask/encoded")
 
 
 def test_tfds_refuses_what_it_cannot_represent(tmp_path):
@@ -78,3 +88,17 @@ def test_cli_convert_with_tfds_metadata(tmp_path, capsys):
     capsys.readouterr()
     assert main(["-q", "export-tfds", str(tmp_path / "gz")]) == 2
     assert "uncompressed TFRecords only" in capsys.readouterr().err
+
+
+def test_tfds_features_are_the_record_schema_and_class_names_are_kept(tmp_path):
+    from tfshards.schemas.record import FIELDS
+
+    images, masks = write_pairs(tmp_path / "data", 6)
+    out = tmp_path / "out"
+    convert(images, masks, out, encoding="png", num_classes=3, workers=1, progress=False)
+    export_tfds(out, class_names=["sky", "road", "car"])
+    features = tfds.builder_from_directory(str(out)).info.features
+    assert sorted(features.keys()) == sorted(field.name for field in FIELDS)
+    assert features["mask/encoded"].names == ["sky", "road", "car"]
+    with pytest.raises(OptionsError, match="2 class names for 3 classes"):
+        export_tfds(out, class_names=["sky", "road"])

@@ -4,7 +4,7 @@
 >>> tfshards.convert("data/images", "data/masks", "shards", val_fraction=0.1)  # doctest: +SKIP
 """
 
-from tfshards.checks import VerifyReport, dataset_summary, verify
+from tfshards.checks import DatasetInfo, VerifyReport, class_weights, dataset_summary, info, verify
 from tfshards.converters import ConvertOptions, convert, pair_files, synth
 from tfshards.errors import (
     ManifestError,
@@ -33,6 +33,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ConvertOptions",
+    "DatasetInfo",
     "Manifest",
     "ManifestError",
     "OptionsError",
@@ -42,9 +43,11 @@ __all__ = [
     "ReadOptions",
     "TfshardsError",
     "VerifyReport",
+    "class_weights",
     "clear_caches",
     "convert",
     "dataset_summary",
+    "info",
     "list_caches",
     "pair_files",
     "read",

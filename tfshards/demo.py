@@ -14,13 +14,18 @@ def run_demo(
     workdir: Path | None = None, *, count: int = 200, size: int = 128, progress: bool = True
 ) -> str:
     """Run the whole round trip and return a printable summary."""
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="tfshards-demo-") as tmp:
-            summary = run_demo(Path(tmp), count=count, size=size, progress=progress)
-        return summary + (
-            f"\n(the working folder {tmp} was temporary and is now deleted; "
-            "pass --workdir DIR to keep the data, shards and cache)"
-        )
+    if workdir is not None:
+        return _round_trip(workdir, count, size, progress, kept=True)
+    with tempfile.TemporaryDirectory(prefix="tfshards-demo-") as tmp:
+        summary = _round_trip(Path(tmp), count, size, progress, kept=False)
+    return summary + (
+        "\n(the data, shards and cache were in a temporary folder, now deleted; "
+        "pass --workdir DIR to keep them)"
+    )
+
+
+def _round_trip(workdir: Path, count: int, size: int, progress: bool, *, kept: bool) -> str:
+    """synth, convert, read twice; folders are named only when they are kept."""
     from tfshards.converters.synth import synth
     from tfshards.readers import list_caches, read
 
@@ -34,7 +39,7 @@ def run_demo(
     )
     lines = [
         f"synthetic data: {count} pairs of {size}x{size} RGB images, 3 classes",
-        f"converted in {result.seconds:.1f} s into {workdir / 'shards'}",
+        f"converted in {result.seconds:.1f} s" + (f" into {workdir / 'shards'}" if kept else ""),
     ]
     for split, info in result.manifest.splits.items():
         lines.append(
@@ -60,7 +65,8 @@ def run_demo(
         f"masks {masks.dtype.name} {tuple(masks.shape)}"
     )
     lines += [
-        f"cache: {e.path} ({e.state}, {e.bytes / 2**20:.1f} MiB)"
+        f"cache: {e.path if kept else 'in the temporary folder'} ({e.state}, "
+        f"{e.bytes / 2**20:.1f} MiB)"
         for e in list_caches(workdir / "shards")
     ]
     return "\n".join(lines)

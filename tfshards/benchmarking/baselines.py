@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 BATCH = 32
@@ -20,12 +22,13 @@ def keras_pipeline(
     import tensorflow as tf
 
     common = dict(labels=None, batch_size=None, image_size=size, shuffle=False)
-    images = keras.utils.image_dataset_from_directory(
-        data / "images", color_mode="grayscale" if channels == 1 else "rgb", **common
-    )
-    masks = keras.utils.image_dataset_from_directory(
-        data / "masks", color_mode="grayscale", interpolation="nearest", **common
-    )
+    with contextlib.redirect_stdout(io.StringIO()):  # "Found N files." twice, amid the bar
+        images = keras.utils.image_dataset_from_directory(
+            data / "images", color_mode="grayscale" if channels == 1 else "rgb", **common
+        )
+        masks = keras.utils.image_dataset_from_directory(
+            data / "masks", color_mode="grayscale", interpolation="nearest", **common
+        )
     return (
         tf.data.Dataset.zip((images, masks))
         .shuffle(1000)

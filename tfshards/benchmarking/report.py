@@ -67,7 +67,12 @@ def markdown(result: SweepResult) -> str:
         f"{machine.get('cores')} cores, {machine.get('ram_gib')} GiB RAM, TensorFlow "
         f"{machine.get('tensorflow')}; {result.page_cache}; median of "
         f"{result.config.repeats} passes, spread = (max - min) / median.",
+        *([result.config.note] if result.config.note else []),
         "" if result.complete else "**Interrupted: partial results.**",
+        "",
+        "cold = streamed from the shards, decoding every pair; warm = read from "
+        "read(cache=...)'s disk cache of decoded pixels, after the pass that builds it.",
+        *([result.warm_slower()] if result.warm_slower() else []),
         "",
         "Baselines (pairs/s): " + ", ".join(f"{k} {v}" for k, v in result.baselines.items()),
         "",
@@ -78,10 +83,7 @@ def markdown(result: SweepResult) -> str:
     best = result.recommendation()
     lines += ["", "## Recommendation", ""]
     if best is None:
-        lines.append(
-            f"No configuration fits within {result.config.max_disk_ratio}x the source "
-            "bytes; raise --max-disk-ratio."
-        )
+        lines.append(result.why_no_recommendation())
     else:
         row = best["row"]
         lines += [
@@ -103,6 +105,27 @@ def _markdown(result: SweepResult, path: Path) -> Path:
     return path
 
 
+def plot_series(result: SweepResult) -> dict[str, tuple[list[int], list[float]]]:
+    """Label -> (shard counts, pairs/s at the best cycle length), cold and warm."""
+    series = {}
+    for encoding in dict.fromkeys(r["encoding"] for r in result.rows):
+        for compression in dict.fromkeys(r["compression"] for r in result.rows):
+            rows = [
+                r
+                for r in result.rows
+                if r["encoding"] == encoding and r["compression"] == compression
+            ]
+            for kind in ("cold", "warm"):
+                best: dict[int, float] = {}
+                for row in rows:  # the best cycle length per shard count
+                    rate = row[f"{kind}_pairs_per_s"]
+                    best[row["shards"]] = max(best.get(row["shards"], 0), rate)
+                if best:
+                    xs = sorted(best)
+                    series[f"{encoding}/{compression} {kind}"] = (xs, [best[x] for x in xs])
+    return series
+
+
 def _plot(result: SweepResult, path: Path) -> Path | None:
     try:
         import matplotlib
@@ -112,24 +135,14 @@ def _plot(result: SweepResult, path: Path) -> Path | None:
     except ImportError:
         return None
     figure, axes = plt.subplots(figsize=(8, 5))
-    for encoding in dict.fromkeys(r["encoding"] for r in result.rows):
-        for compression in dict.fromkeys(r["compression"] for r in result.rows):
-            rows = [
-                r
-                for r in result.rows
-                if r["encoding"] == encoding and r["compression"] == compression
-            ]
-            best: dict[int, float] = {}
-            for row in rows:  # the best cycle length per shard count
-                best[row["shards"]] = max(best.get(row["shards"], 0), row["cold_pairs_per_s"])
-            if best:
-                xs = sorted(best)
-                axes.plot(xs, [best[x] for x in xs], marker="o", label=f"{encoding}/{compression}")
+    for label, (xs, ys) in plot_series(result).items():
+        warm = label.endswith("warm")
+        axes.plot(xs, ys, marker="s" if warm else "o", linestyle="--" if warm else "-", label=label)
     for (name, value), style in zip(result.baselines.items(), ("--", ":", "-."), strict=False):
         axes.axhline(value, linestyle=style, color="gray", label=f"{name} ({value:.0f})")
     axes.set_xscale("log", base=2)
     axes.set_xlabel("shards")
-    axes.set_ylabel("pairs/s (cold stream, best cycle length)")
+    axes.set_ylabel("pairs/s (best cycle length): cold stream -, warm cache --")
     axes.set_title(f"tfshards bench: {result.pairs} pairs")
     axes.legend(fontsize=8)
     figure.tight_layout()

@@ -28,6 +28,7 @@ from tfshards.schemas.format import NO_COMPRESSION
 
 log = logging.getLogger("tfshards")
 BATCH = 32
+MIN_PASSES = 3  # a recommendation rests on the median of at least this many passes
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class SweepConfig:
     repeats: int = 3
     max_disk_ratio: float = 4.0
     synthetic: bool = False  # the inputs are a temporary synthetic dataset
+    note: str = ""  # what the report should say about the data (e.g. --quick's reduced size)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -65,13 +67,16 @@ class SweepResult:
     source_bytes: int
     pairs: int
     baselines: dict[str, float] = field(default_factory=dict)
+    pair_pixels: int = 0  # bytes of one decoded pair (image and mask, uint8)
     rows: list[dict[str, Any]] = field(default_factory=list)
     complete: bool = False
 
     def recommendation(self) -> dict[str, Any] | None:
-        """The fastest cold-stream row within the disk budget, with its commands."""
+        """The fastest cold-stream row within the disk budget, with its commands (None
+        without one, or with fewer than MIN_PASSES passes per point: see why_no_recommendation).
+        """
         fitting = [r for r in self.rows if r["disk_ratio"] <= self.config.max_disk_ratio]
-        if not fitting:
+        if not fitting or self.config.repeats < MIN_PASSES:
             return None
         best = max(fitting, key=lambda r: r["cold_pairs_per_s"])
         images, masks = (
@@ -95,6 +100,36 @@ class SweepResult:
             "rule": f"highest cold pairs/s with bytes <= {self.config.max_disk_ratio}x the source",
         }
 
+    def why_no_recommendation(self) -> str:
+        if self.config.repeats < MIN_PASSES:
+            return (
+                f"No recommendation: it needs the median of at least {MIN_PASSES} passes per "
+                f"point, and this run made {self.config.repeats} (--repeats {MIN_PASSES})."
+            )
+        return (
+            f"No configuration fits within {self.config.max_disk_ratio}x the source bytes; "
+            "raise --max-disk-ratio."
+        )
+
+    def warm_slower(self) -> str | None:
+        """Why warm (cached) epochs were slower than cold streams, when some were."""
+        slower = [r for r in self.rows if r["warm_pairs_per_s"] < r["cold_pairs_per_s"]]
+        if not slower:
+            return None
+        pixels = self.pairs * self.pair_pixels
+        return (
+            f"Warm epochs were slower than cold ones in {len(slower)} of {len(self.rows)} rows. "
+            "Warm epochs read the disk cache of decoded uint8 pixels (its build, the first "
+            "cached pass, is not timed); cold epochs stream the shards and decode them. The "
+            f"cache holds {pixels / 2**20:.1f} MiB of pixels against "
+            f"{min(r['bytes'] for r in slower) / 2**20:.1f} MiB of shards, and each epoch "
+            "opens the cache's part files and refills the shuffle buffer: with small data "
+            "(here an epoch takes "
+            f"{1000 * self.pairs / max(r['cold_pairs_per_s'] for r in slower):.0f} ms or less)"
+            " those fixed costs outweigh decoding, which the cache saves. Measure with "
+            "more or larger pairs to see the cache's gain."
+        )
+
     def to_json(self) -> dict[str, Any]:
         config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.config).items()}
         return {
@@ -104,6 +139,8 @@ class SweepResult:
             "pairs": self.pairs,
             "source_bytes": self.source_bytes,
             "baselines_pairs_per_s": self.baselines,
+            "pair_pixels": self.pair_pixels,
+            "warm_slower": self.warm_slower(),
             "rows": self.rows,
             "complete": self.complete,
             "recommendation": self.recommendation(),
@@ -150,6 +187,7 @@ def run_sweep(
     )
     with Image.open(pairs[0].image) as first:
         size, channels = (first.height, first.width), 1 if first.mode in ("L", "I;16") else 3
+    result.pair_pixels = size[0] * size[1] * (channels + 1)
     _measure_baselines(config, result, size, channels, step, dropped)
     for shards, encoding, compression in config.points:
         out = config.work / f"shards-{shards}-{encoding}-{compression}"

@@ -12,10 +12,11 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from tfshards import storage
+from tfshards.checks.info import class_weights, info
 from tfshards.checks.shard_io import local_shard, shard_examples
 from tfshards.errors import ManifestError
-from tfshards.schemas.format import decode_pixels
 from tfshards.schemas.manifest import Manifest
+from tfshards.schemas.record import decode_record
 from tfshards.storage import Location, StorageOptions
 from tfshards.wording import counted
 
@@ -23,18 +24,26 @@ from tfshards.wording import counted
 def _class_table(summary: dict[str, Any]) -> list[str]:
     """Only the classes present; with a mask map, the source values each came from."""
     total = sum(summary["class_pixels"]) or 1
+    binary = summary["mask"]["binary_masks"]
     sources: dict[int, list[int]] = {}
     for source, target in summary["mask"]["mask_map"]:
         sources.setdefault(target, []).append(source)
-    lines = ["  class  from values  pixels          share   suggested weight"]
-    for index, (count, weight) in enumerate(
-        zip(summary["class_pixels"], summary["class_weights"], strict=True)
-    ):
+    weights = {int(k): v for k, v in summary["class_weights"].items()}
+    lines = []
+    if binary:  # which of 1 and 255 the files held is not recorded: no column for it
+        lines.append("  masks: --binary-masks (0 -> class 0; 255, or 1, -> class 1)")
+    origin_title = "" if binary else "  from values"
+    lines.append(
+        f"  class{origin_title}  pixels          share   weight ({summary['weights_split']}, "
+        "median frequency)"
+    )
+    for index, count in enumerate(summary["class_pixels"]):
         if count:
             origin = ",".join(str(v) for v in sources.get(index, [index]))
+            origin = "" if binary else f"  {origin:>11s}"
             lines.append(
-                f"  {index:5d}  {origin:>11s}  {count:14d}  {100 * count / total:6.2f}%  "
-                f"{weight:8.3f}"
+                f"  {index:5d}{origin}  {count:14d}  {100 * count / total:6.2f}%  "
+                f"{weights.get(index, 0.0):8.3f}"
             )
     ignore = summary["mask"]["ignore_label"]
     if ignore is not None:
@@ -46,18 +55,10 @@ def _class_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def class_weights(class_pixels: list[int]) -> list[float]:
-    """Median-frequency balancing: weight_c = median(freq) / freq_c (0 for absent classes)."""
-    present = [n for n in class_pixels if n]
-    if not present:
-        return [0.0] * len(class_pixels)
-    median = statistics.median(present)
-    return [round(median / n, 4) if n else 0.0 for n in class_pixels]
-
-
 def dataset_summary(path: Location, storage_options: StorageOptions = None) -> dict[str, Any]:
     """Everything `tfshards inspect` prints, as plain data (``path`` may be a URL)."""
-    manifest = Manifest.load(path, storage_options)
+    dataset = info(path, storage_options=storage_options)
+    manifest = dataset.manifest
     splits = {}
     pixels_total: list[int] = []
     for name, split in manifest.splits.items():
@@ -73,12 +74,17 @@ def dataset_summary(path: Location, storage_options: StorageOptions = None) -> d
             },
         }
         pixels_total = [a + b for a, b in _padded(pixels_total, split.class_pixels)]
+    weights_split = "train" if "train" in manifest.splits else next(iter(manifest.splits))
     return {
         "path": storage.resolved(path),
         "records": manifest.total_records,
         "splits": splits,
         "image": asdict(manifest.image),
-        "mask": asdict(manifest.mask),
+        "mask": dict(
+            asdict(manifest.mask), binary_masks=bool(manifest.options.get("binary_masks"))
+        ),
+        "num_classes": dataset.num_classes,
+        "num_classes_inferred": dataset.num_classes_inferred,
         "compression": asdict(manifest.compression),
         "seed": manifest.seed,
         "source": {k: v for k, v in manifest.source.items() if k != "fingerprint"},
@@ -86,7 +92,13 @@ def dataset_summary(path: Location, storage_options: StorageOptions = None) -> d
         "unpaired": manifest.unpaired,
         "class_pixels": pixels_total,
         "ignored_pixels": sum(split.ignored_pixels for split in manifest.splits.values()),
-        "class_weights": class_weights(pixels_total),
+        "weights_split": weights_split,
+        "class_weights": {
+            str(k): v
+            for k, v in class_weights(
+                path, split=weights_split, storage_options=storage_options
+            ).items()
+        },
     }
 
 
@@ -98,11 +110,12 @@ def _padded(a: list[int], b: list[int]) -> list[tuple[int, int]]:
 def summary_text(summary: dict[str, Any]) -> str:
     image = summary["image"]
     shape = f"{image['height']}x{image['width']}" if image["height"] else "mixed sizes"
+    inferred = " (inferred: largest class found + 1)" if summary["num_classes_inferred"] else ""
     lines = [
         f"dataset {summary['path']}: {summary['records']} pairs",
-        f"  images: {shape}, {image['channels']} channels, encoding {image['encoding']}; "
-        f"masks: encoding {summary['mask']['encoding']}, "
-        f"num_classes {summary['mask']['num_classes']}",
+        f"  images: {shape}, {counted(image['channels'], 'channel')}, encoding "
+        f"{image['encoding']}; masks: encoding {summary['mask']['encoding']}, "
+        f"num_classes {summary['num_classes']}{inferred}",
         f"  compression {summary['compression']['type']} (level "
         f"{summary['compression']['level']}), seed {summary['seed']}",
         f"  source: images {summary['source']['images']}, masks {summary['source']['masks']}",
@@ -160,13 +173,29 @@ def write_preview(
                 if index in wanted:
                     rows.append(_preview_row(features, tile))
                 index += 1
+    sheet = _sheet(rows, tile)
+    sheet.save(target)
+    return len(rows)
+
+
+TITLES = ("image", "mask (classes)", "overlay")
+TEXT_HEIGHT = 14  # one line of Pillow's default font, with a margin
+
+
+def _sheet(rows: list[tuple[str, np.ndarray, np.ndarray]], tile: int) -> Image.Image:
+    """Column titles, one row per pair (image, coloured mask, overlay, key), then a legend."""
     palette = np.random.default_rng(PALETTE_SEED).integers(40, 256, size=(256, 3), dtype=np.uint8)
     palette[0] = 0
-    label_height = 14
-    sheet = Image.new("RGB", (3 * tile, len(rows) * (tile + label_height)), "white")
+    classes = sorted({int(v) for _, _, mask in rows for v in np.unique(mask)})
+    per_line = max(1, 3 * tile // 80)
+    legend_lines = -(-len(classes) // per_line)
+    height = TEXT_HEIGHT + len(rows) * (tile + TEXT_HEIGHT) + legend_lines * TEXT_HEIGHT
+    sheet = Image.new("RGB", (3 * tile, height), "white")
     draw = ImageDraw.Draw(sheet)
+    for column, title in enumerate(TITLES):
+        draw.text((column * tile + 4, 1), title, fill="black")
     for row, (key, image, mask) in enumerate(rows):
-        top = row * (tile + label_height)
+        top = TEXT_HEIGHT + row * (tile + TEXT_HEIGHT)
         coloured = palette[mask]
         overlay = np.where(mask[..., None] > 0, (0.5 * image + 0.5 * coloured), image)
         for column, pixels in enumerate((image, coloured, overlay.astype(np.uint8))):
@@ -175,21 +204,18 @@ def write_preview(
                 (column * tile, top),
             )
         draw.text((4, top + tile), key, fill="black")
-    sheet.save(target)
-    return len(rows)
+    legend_top = TEXT_HEIGHT + len(rows) * (tile + TEXT_HEIGHT)
+    for slot, value in enumerate(classes):  # a swatch and the class index
+        x, y = (slot % per_line) * 80 + 4, legend_top + (slot // per_line) * TEXT_HEIGHT
+        draw.rectangle(
+            (x, y + 2, x + 10, y + 12), fill=tuple(int(c) for c in palette[value]), outline="black"
+        )
+        draw.text((x + 14, y + 1), f"class {value}", fill="black")
+    return sheet
 
 
 def _preview_row(features: dict, tile: int) -> tuple[str, np.ndarray, np.ndarray]:
-    height, width = features["image/height"], features["image/width"]
-    image = decode_pixels(
-        features["image/encoded"],
-        features["image/format"].decode(),
-        height,
-        width,
-        features["image/channels"],
-    )
-    mask = decode_pixels(
-        features["mask/encoded"], features["mask/format"].decode(), height, width, 1
-    )[:, :, 0]
+    record = decode_record(features)
+    image = record.image
     rgb = np.repeat(image, 3, axis=2) if image.shape[2] == 1 else image[:, :, :3]
-    return features["key"].decode("utf-8", "replace"), rgb, mask
+    return record.key, rgb, record.mask

@@ -12,9 +12,9 @@ import numpy as np
 from tfshards import storage
 from tfshards.checks.shard_io import file_sha256, local_shard, shard_examples
 from tfshards.errors import ManifestError
-from tfshards.schemas.format import OWN_NAMES, SHARD_LIKE, decode_pixels, index_path
+from tfshards.schemas.format import OWN_NAMES, SHARD_LIKE, index_path
 from tfshards.schemas.manifest import Manifest, ShardInfo
-from tfshards.schemas.record import FIELDS
+from tfshards.schemas.record import decode_record
 from tfshards.storage import Location, StorageOptions
 
 
@@ -148,26 +148,10 @@ def _check_records(
 
 
 def _record_problem(features: dict, num_classes: int | None, ignore: int | None) -> str | None:
-    missing = [f.name for f in FIELDS if f.name not in features or features[f.name] is None]
-    if missing:
-        return f"missing features {missing}"
-    height, width = features["image/height"], features["image/width"]
     try:
-        decode_pixels(
-            features["image/encoded"],
-            features["image/format"].decode(),
-            height,
-            width,
-            features["image/channels"],
-        )
-    except (ValueError, OSError, KeyError) as exc:
-        return f"image does not decode: {exc}"
-    try:
-        mask = decode_pixels(
-            features["mask/encoded"], features["mask/format"].decode(), height, width, 1
-        )
-    except (ValueError, OSError, KeyError) as exc:
-        return f"mask does not decode: {exc}"
+        mask = decode_record(features).mask
+    except ValueError as exc:
+        return str(exc)
     labelled = mask if ignore is None else mask[mask != ignore]
     if num_classes is not None and labelled.size and int(np.max(labelled)) >= num_classes:
         return f"mask value {int(np.max(labelled))} is not below num_classes {num_classes}"

@@ -1,8 +1,8 @@
 """The `tfshards` command: argparse subcommands. Results go to stdout, errors to stderr.
 
 Exit codes: 0 success, 1 the job failed, 2 bad usage. The subcommands live in
-``make.py`` (synth, convert, demo) and ``datasets.py`` (verify, inspect,
-export-tfds, cache, bench).
+``make.py`` (synth, convert, demo), ``datasets.py`` (verify, inspect,
+export-tfds, cache) and ``bench.py`` (bench).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
-from tfshards.cli.datasets import add_bench, add_cache, add_export_tfds, add_inspect, add_verify
+from tfshards.cli.bench import add_bench
+from tfshards.cli.datasets import add_cache, add_export_tfds, add_inspect, add_verify
 from tfshards.cli.make import add_convert, add_demo, add_synth
 from tfshards.errors import OptionsError, TfshardsError
 
@@ -65,6 +66,7 @@ def _native_stderr_logged():
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfshards",
+        allow_abbrev=False,
         description="Convert image/mask folders into pre-shuffled TFRecord shards and stream "
         "them into Keras training.",
     )
@@ -73,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(sub)
+    for subcommand in sub.choices.values():  # a typo such as --binary-mask is an error
+        subcommand.allow_abbrev = False
     return parser
 
 
@@ -109,5 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tfshards {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"tfshards {args.command}: interrupted", file=sys.stderr)
+        hint = getattr(args, "interrupt_hint", None)
+        print(
+            f"tfshards {args.command}: interrupted" + (f"; {hint(args)}" if hint else ""),
+            file=sys.stderr,
+        )
         return 130

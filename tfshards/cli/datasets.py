@@ -1,5 +1,5 @@
 """`tfshards` subcommands that look at converted datasets: verify, inspect, cache,
-export-tfds, and the bench sweep. Wired into the parser by cli/__init__.py."""
+export-tfds. Wired into the parser by cli/__init__.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import argparse
 import logging
 import sys
 
-from tfshards.errors import TfshardsError
 from tfshards.schemas.format import CACHE_DIR_NAME
 
 log = logging.getLogger("tfshards")
@@ -58,22 +57,33 @@ def add_export_tfds(sub: argparse._SubParsersAction) -> None:
         "export-tfds",
         help="write the metadata TFDS needs to load the shards",
         description="Write dataset_info.json and features.json beside the shards, so that "
-        "tfds.builder_from_directory(DIR) loads every split with TFDS's own reader. TFDS can "
-        "represent uncompressed shards whose records share one size, with PNG/JPEG images "
-        "(keep, png, jpeg) or raw images and masks; other datasets are refused with the reason.",
+        "tfds.builder_from_directory(DIR) loads every split with TFDS's own reader, as "
+        "(image, mask) pairs with as_supervised=True. TFDS can represent uncompressed shards "
+        "whose records share one size, with PNG/JPEG images (keep, png, jpeg) or images and "
+        "masks both raw or both deflate (ZLIB tensors); other datasets are refused with the "
+        "reason.",
     )
     p.add_argument("dir", help="dataset folder or URL (holding tfshards.json)")
     p.add_argument("--name", default="tfshards_dataset", help="TFDS dataset name")
     add_storage_option(p)
+    p.add_argument(
+        "--class-names",
+        metavar="A,B,...",
+        help="names of the classes 0..K-1, stored with the mask feature (default: none)",
+    )
     p.set_defaults(run=_run_export_tfds, tensorflow=True)
 
 
 def _run_export_tfds(args: argparse.Namespace) -> int:
-    from tfshards.checks.tfds_export import export_tfds
+    from tfshards.converters.tfds_metadata import export_tfds
     from tfshards.storage import parse_options
 
+    names = args.class_names.split(",") if args.class_names else None
     written = export_tfds(
-        args.dir, name=args.name, storage_options=parse_options(args.storage_option)
+        args.dir,
+        name=args.name,
+        class_names=names,
+        storage_options=parse_options(args.storage_option),
     )
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
@@ -102,10 +112,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     from tfshards.storage import parse_options
 
     options = parse_options(args.storage_option)
-    try:
-        total = sum(len(s.shards) for s in Manifest.load(args.dir, options).splits.values())
-    except TfshardsError:
-        total = None
+    manifest = Manifest.load(args.dir, options)  # no manifest: one line and exit 1, no table
+    total = sum(len(s.shards) for s in manifest.splits.values())
     with tqdm(total=total, unit="shard", disable=args.quiet) as bar:
         report = verify(args.dir, quick=args.quick, progress=bar.update, storage_options=options)
     print(report.table())
@@ -151,49 +159,3 @@ def _run_inspect(args: argparse.Namespace) -> int:
         )
         log.info("wrote a preview of %d pairs to %s", rows, args.preview)
     return 0
-
-
-def add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="measure shard counts, encodings and compression on your data and disk",
-        description="Convert and read with every combination, beside the hand-written "
-        "baselines (the Keras image_dataset_from_directory pipeline, list_files + map) and the "
-        "bare TFRecordDataset ceiling; write results.csv, results.json, report.md and "
-        "throughput.png (with the 'bench' extra) and recommend a configuration.",
-    )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--images", help="image folder (with --masks)")
-    source.add_argument("--synthetic", type=int, metavar="N", help="use N synthetic pairs")
-    p.add_argument("--masks", help="mask folder")
-    p.add_argument("--size", type=int, default=256, help="synthetic image side (default 256)")
-    p.add_argument("--work", help="scratch folder for shards (default: a temporary folder)")
-    p.add_argument("--report", default="bench", help="output folder (default ./bench)")
-    p.add_argument("--shards", default="1,4,16,64", help="shard counts (default 1,4,16,64)")
-    p.add_argument(
-        "--encodings",
-        default="deflate,keep,raw",
-        help="image encodings (default deflate,keep,raw)",
-    )
-    p.add_argument("--compression", default="none,gzip", help="compressions (default none,gzip)")
-    p.add_argument("--cycle-lengths", default="1,4,16", help="interleave cycle lengths")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per point (default 3)")
-    p.add_argument(
-        "--max-disk-ratio",
-        type=float,
-        default=4.0,
-        help="recommend only configurations within this many times the source bytes",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="a small grid (2 shard counts, deflate+raw, no compression, cycle 1 and "
-        "4, 1 repeat; with --synthetic, at most 300 pairs of 64x64)",
-    )
-    p.set_defaults(run=_run_bench, tensorflow=True)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from tfshards.benchmarking.cli import run_bench
-
-    return run_bench(args)

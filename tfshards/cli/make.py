@@ -49,7 +49,16 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     _add_validation_args(p)
     _add_record_args(p)
     _add_output_args(p)
-    p.set_defaults(run=_run_convert)
+    p.set_defaults(run=_run_convert, interrupt_hint=_how_to_finish)
+
+
+def _how_to_finish(args: argparse.Namespace) -> str:
+    if args.overwrite:
+        return (
+            "rerun the same command to finish; a dataset already in --out is kept until the "
+            "new one is complete"
+        )
+    return "rerun the same command, or add --resume, to finish"
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
@@ -172,7 +181,10 @@ def _add_shard_args(g: argparse._ArgumentGroup) -> None:
         "--index",
         action="store_true",
         help="write <shard>.idx beside each shard ('<offset> <length>' per record) for NVIDIA "
-        "DALI's readers.tfrecord and the tfrecord package; needs uncompressed shards",
+        "DALI's readers.tfrecord and the tfrecord package; needs uncompressed shards. DALI "
+        "cannot inflate the default deflate encoding on the CPU (its inflate operator is "
+        "GPU-only and LZ4-only): for DALI convert with --encoding raw (1.9x the source bytes), "
+        "png, or keep (PNG/JPEG sources, their own size), which DALI decodes natively",
     )
     g.add_argument(
         "--tfds-metadata",
@@ -263,11 +275,15 @@ def _run_convert(args: argparse.Namespace) -> int:
 def conversion_summary(result) -> str:
     manifest = result.manifest
     total = manifest.total_records
-    lines = [
-        f"wrote {result.path}  ({counted(result.shards_written, 'shard')} written, "
-        f"{result.shards_reused} reused, {result.seconds:.1f} s, "
-        f"{total / max(result.seconds, 1e-9):.0f} pairs/s)"
-    ]
+    if result.already_complete:
+        head = f"{result.path} is already complete: nothing to do"
+    else:
+        head = (
+            f"wrote {result.path}  ({counted(result.shards_written, 'shard')} written, "
+            f"{result.shards_reused} reused, {result.seconds:.1f} s, "
+            f"{total / max(result.seconds, 1e-9):.0f} pairs/s)"
+        )
+    lines = [head]
     for name, split in manifest.splits.items():
         lines.append(
             f"  {name:5s} {counted(split.records, 'pair'):>14s}  "

@@ -5,18 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
-import tempfile
 from collections.abc import Callable, Iterable
-from concurrent.futures import (
-    FIRST_COMPLETED,
-    Future,
-    ProcessPoolExecutor,
-    ThreadPoolExecutor,
-    as_completed,
-    wait,
-)
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +16,7 @@ from PIL import Image
 
 from tfshards import storage
 from tfshards.converters.bucket_output import BucketOutput
+from tfshards.converters.local import write_and_upload, write_shards
 from tfshards.converters.mask_values import check_mask_values, sample_mask_values
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.output import OutputFolder
@@ -35,10 +26,6 @@ from tfshards.converters.planning import ShardSpec, plan_shards
 from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
-    init_worker,
-    upload_shard,
-    write_shard,
-    write_shard_in_worker,
 )
 from tfshards.converters.validation import image_channels
 from tfshards.errors import OptionsError, PairingError
@@ -56,7 +43,6 @@ from tfshards.storage import FileStat, Location, StorageOptions, stat
 log = logging.getLogger("tfshards")
 _HEADER_SAMPLE = 32
 _SCAN_STEP = 4096  # pairs stat()ed between progress updates
-_UPLOADS = 2  # shards uploaded at once into a bucket, while the workers write the next
 
 
 # Writes the planned shards into a folder or bucket prefix (with these storage options) and
@@ -77,6 +63,7 @@ class ConvertResult:
     shards_reused: int
     pairing: PairingReport
     effort: Effort | None = None  # CPU and bytes of this run
+    already_complete: bool = False  # --resume of a complete dataset: nothing was written
 
 
 @dataclass(frozen=True)
@@ -155,16 +142,16 @@ def run_conversion(
     out = out if storage.is_url(out) else Path(out)
     try:
         report, options, specs, source = _plan(images, masks, options, run, progress)
-        manifest, written, reused = _write_dataset(
+        manifest, written, reused, complete = _write_dataset(
             out, specs, options, source, report, run, progress
         )
     finally:
         effort = progress.close()
     if options.tfds_metadata:
-        from tfshards.checks.tfds_export import export_tfds
+        from tfshards.converters.tfds_metadata import export_tfds
 
         export_tfds(out, storage_options=run.storage_options)
-    return ConvertResult(manifest, out, effort.seconds, written, reused, report, effort)
+    return ConvertResult(manifest, out, effort.seconds, written, reused, report, effort, complete)
 
 
 def _plan(
@@ -232,30 +219,44 @@ def _write_dataset(
     report: PairingReport,
     run: ConvertRun,
     progress: ConversionProgress,
-) -> tuple[Manifest, int, int]:
-    """Write the shards not yet done, then the manifest; (manifest, written, reused)."""
-    with _output(out, run) as folder:
+) -> tuple[Manifest, int, int, bool]:
+    """Write the shards not yet done, then the manifest; (manifest, written, reused,
+    already complete).
+
+    Overwriting a complete local dataset builds the new one beside it and swaps it in at
+    the end.
+    """
+
+    def fill(folder: OutputFolder | BucketOutput, target: Location):
+        """Write the shards a folder lacks; return its manifest (not yet published)."""
         begun = folder.begin(source["fingerprint"])
         if isinstance(begun, Manifest):
-            log.info("%s is already complete; nothing to do", out)
-            return begun, 0, len(specs)
+            return begun, 0, len(specs), True
         todo = [spec for spec in specs if spec.file_name not in begun]
         if begun:
             log.info("resuming: %d of %d shards already complete", len(begun), len(specs))
         results = dict(begun)
-        channels = options.channels
+        channels, store = options.channels, run.storage_options
         progress.converting(sum(len(spec.pairs) for spec in todo))
         if run.runner is None:
-            write = _write_and_upload if storage.is_url(out) else _write_shards
-            results_of = write(todo, options, channels, out, run, progress)
+            write = write_and_upload if storage.is_url(target) else write_shards
+            results_of = write(todo, options, channels, target, run.workers, store, progress)
         else:
-            results_of = run.runner(todo, options, channels, out, run.storage_options)
+            results_of = run.runner(todo, options, channels, target, store)
         for result in results_of:
             folder.record(result)
             results[result.file] = result
-        manifest = _manifest(specs, results, options, source, report)
-        folder.publish(manifest)
-    return manifest, len(todo), len(begun)
+        return _manifest(specs, results, options, source, report), len(todo), len(begun), False
+
+    with _output(out, run) as folder:
+        if not (isinstance(folder, OutputFolder) and folder.replacing):
+            done = fill(folder, out)
+            folder.publish(done[0])
+            return done
+        with OutputFolder(folder.staging, resume=False, overwrite=False) as staging:
+            done = fill(staging, folder.staging)
+        folder.replace_with(folder.staging, done[0])
+    return done
 
 
 def _input_stats(
@@ -334,81 +335,6 @@ def _estimated_pair_bytes(
                 continue
         pixels = sum(sizes) // max(len(sizes), 1)
     return np.full(len(pairs), pixels * (channels + 1), np.int64)
-
-
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _write_shards(
-    specs: list[ShardSpec],
-    options: ConvertOptions,
-    channels: int,
-    out: Location,
-    run: ConvertRun,
-    progress: ConversionProgress,
-):
-    """Yield ShardResults as shards complete, in-process or in worker processes."""
-    workers = min(run.workers or default_workers(), max(len(specs), 1))
-    store = run.storage_options
-    if workers <= 1:
-        for spec in specs:
-            yield write_shard(spec, options, channels, out, progress.update, store)
-        return
-    context = multiprocessing.get_context("spawn")
-    updates = context.Queue()
-    with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=init_worker, initargs=(updates,)
-    ) as pool:
-        pending: set[Future] = {
-            pool.submit(write_shard_in_worker, spec, options, channels, out, store)
-            for spec in specs
-        }
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                progress.drain(updates)
-                for future in done:
-                    yield future.result()
-            progress.drain(updates)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
-
-
-def _write_and_upload(
-    specs: list[ShardSpec],
-    options: ConvertOptions,
-    channels: int,
-    out: str,
-    run: ConvertRun,
-    progress: ConversionProgress,
-):
-    """Into a bucket: the workers write shards into a local staging folder (``TMPDIR``) and
-    this process uploads each one whole while they write the next; a result is yielded
-    (and journaled) once its object is up. The staging folder holds the shards written
-    and not yet uploaded, usually one or two."""
-    store = run.storage_options
-    with (
-        tempfile.TemporaryDirectory(prefix="tfshards-staging-") as staging,
-        ThreadPoolExecutor(_UPLOADS, thread_name_prefix="tfshards-upload") as uploads,
-    ):
-        pending: dict[Future, ShardResult] = {}
-        for result in _write_shards(specs, options, channels, Path(staging), run, progress):
-            upload = uploads.submit(
-                upload_shard, Path(staging), result.file, out, options.index, store
-            )
-            pending[upload] = result
-            for upload in [f for f in pending if f.done()]:
-                upload.result()
-                yield pending.pop(upload)
-        for upload in as_completed(list(pending)):
-            upload.result()
-            yield pending.pop(upload)
 
 
 def _manifest(

@@ -3,7 +3,9 @@
 Keras' sparse losses want class indices 0..K-1. Binary masks saved as 0 and 255
 (the most common way they exist on disk) would reach the loss as label 255.
 Before writing, a sample of masks is read: 0/255 masks stop the job with the
-fix (``--binary-masks``); other gaps in the values get a warning naming them.
+fix (``--binary-masks``); masks that look like photos (more distinct values than a
+label map plausibly has: images and masks swapped) stop it too; other gaps in the
+values get a warning naming them.
 After writing, the manifest records every split's values, and ``read()``
 refuses 0/255 masks that no option accounted for.
 """
@@ -23,6 +25,11 @@ from tfshards.errors import TfshardsError
 from tfshards.storage import StorageOptions
 
 SAMPLE_MASKS = 16
+# More distinct values than this in the sampled masks, or more than _SPREAD_VALUES spread
+# over most of 0..255, look like photos rather than label maps (ADE20K has 151 classes:
+# such datasets say so with --num-classes).
+MAX_PLAUSIBLE_CLASSES = 64
+_SPREAD_VALUES, _SPREAD_RANGE = 32, 200
 log = logging.getLogger("tfshards")
 
 
@@ -50,12 +57,22 @@ def sample_mask_values(
 
 
 def check_mask_values(values: set[int], options: ConvertOptions, where: str) -> None:
-    """Stop on 0/255 binary masks no option accounts for; warn on other gaps."""
+    """Stop on photo-like masks and on 0/255 binary masks no option accounts for; warn on
+    other gaps."""
+    if options.binary_masks:
+        _check_binary(values, where)
     if options.binary_masks or options.mask_map is not None or options.num_classes is not None:
         return  # the user said what the values mean
     values = values - {options.ignore_label}
     if not values:
         return
+    if looks_like_photos(values):
+        raise MaskValuesError(
+            f"{where}: the masks look like images, not class labels: the sampled masks hold "
+            f"{len(values)} distinct values ({describe_values(values)}). Are --images and "
+            "--masks swapped? If these are labels, say how many classes with --num-classes K "
+            "(or remap them with --mask-map)"
+        )
     if values <= {0, 255} and 255 in values:
         raise MaskValuesError(
             f"{where}: the masks hold the values 0 and 255 (binary masks saved as black and "
@@ -70,6 +87,28 @@ def check_mask_values(values: set[int], options: ConvertOptions, where: str) -> 
             where,
             describe_values(values),
         )
+
+
+def looks_like_photos(values: set[int]) -> bool:
+    """More distinct values than a label map plausibly has, or many spread like a photo's."""
+    if len(values) > MAX_PLAUSIBLE_CLASSES:
+        return True
+    return len(values) > _SPREAD_VALUES and max(values) - min(values) >= _SPREAD_RANGE
+
+
+def _check_binary(values: set[int], where: str) -> None:
+    unexpected = values - {0, 1, 255}
+    if not unexpected:
+        return
+    swapped = (
+        " The masks look like images: are --images and --masks swapped?"
+        if looks_like_photos(values)
+        else " Describe them with --mask-map or --num-classes instead."
+    )
+    raise MaskValuesError(
+        f"{where}: --binary-masks expects masks of 0 and 255 (or 0 and 1), but the sampled "
+        f"masks also hold {describe_values(unexpected)}.{swapped}"
+    )
 
 
 def describe_values(values: set[int] | Sequence[int]) -> str:

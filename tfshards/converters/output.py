@@ -9,6 +9,14 @@ While a conversion runs the folder holds::
 
 The manifest is written last and the work folder removed after it, so a
 folder without ``tfshards.json`` is never mistaken for a complete dataset.
+The lock file is removed when the conversion ends, whether it finished, failed
+or was refused.
+
+``--overwrite`` of a complete dataset builds the new one beside it, in
+``.tfshards-work/next/`` (a folder of its own with the layout above), and
+replaces the old one only when the new one is complete: the old manifest is
+removed first, so no reader sees a mix; until then the old dataset stays
+readable, and a failed run leaves it as it was (rerunning finishes the new one).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from tfshards.schemas.format import (
     JOURNAL_JOB,
     LOCK_NAME,
     MANIFEST_NAME,
+    NEXT_NAME,
     OWN_FILE,
     TFDS_FILES,
     TMP_SUFFIX,
@@ -56,20 +65,37 @@ class OutputFolder:
 
     def __enter__(self) -> OutputFolder:
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.path / LOCK_NAME, "a+")  # noqa: SIM115 - closed in __exit__
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.close()
-            raise OutputError(
-                f"{self.path}: another tfshards convert is writing to this folder; "
-                "wait for it to finish"
-            ) from None
-        return self
+        lock_path = self.path / LOCK_NAME
+        while True:
+            handle = open(lock_path, "a+")  # noqa: SIM115 - closed in __exit__
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                raise OutputError(
+                    f"{self.path}: another tfshards convert is writing to this folder; "
+                    "wait for it to finish"
+                ) from None
+            # The holder we waited for may have removed the file: lock the one on disk.
+            if _same_file(handle, lock_path):
+                self._lock_file = handle
+                return self
+            handle.close()
 
     def __exit__(self, *exc_info: object) -> None:
+        # Removed while still held, so nobody can lock a file that is about to vanish.
+        (self.path / LOCK_NAME).unlink(missing_ok=True)
         fcntl.flock(self._lock_file, fcntl.LOCK_UN)
         self._lock_file.close()
+
+    @property
+    def replacing(self) -> bool:
+        """--overwrite of a complete dataset: the new one is built beside it first."""
+        return self.overwrite and (self.path / MANIFEST_NAME).is_file()
+
+    @property
+    def staging(self) -> Path:
+        return self.work / NEXT_NAME
 
     def begin(self, fingerprint: str) -> dict[str, ShardResult] | Manifest:
         """Prepare for writing; return the shards already done, or a complete manifest."""
@@ -86,10 +112,16 @@ class OutputFolder:
             else:
                 log.info("%s: replacing the files of an unfinished conversion", self.path)
                 self._remove_own_files()
+        elif (self.path / MANIFEST_NAME).is_file():
+            raise OutputError(
+                f"{self.path} holds a complete dataset ({MANIFEST_NAME}); pass --overwrite to "
+                "replace it, or --out another folder"
+            )
         elif existing:
             raise OutputError(
-                f"{self.path} is not empty ({len(existing)} entries, e.g. {existing[0].name}); "
-                "pass --resume to finish an interrupted conversion or --overwrite to replace it"
+                f"{self.path} is not empty ({len(existing)} entries, e.g. {existing[0].name}) "
+                "and holds no tfshards conversion; choose an empty or new --out folder, or pass "
+                "--overwrite to write the dataset among these files"
             )
         for stale in self.path.glob(f".*{TMP_SUFFIX}"):
             stale.unlink()
@@ -142,11 +174,21 @@ class OutputFolder:
     def publish(self, manifest: Manifest) -> None:
         """The manifest, then no work folder and no lock file: a finished folder holds only
         the shards, the manifest and the files asked for."""
-        manifest.save(self.path)
+        if not (self.path / MANIFEST_NAME).is_file():  # else a --resume of a complete one
+            manifest.save(self.path)
         shutil.rmtree(self.work, ignore_errors=True)
         (self.path / LOCK_NAME).unlink(missing_ok=True)  # still held until __exit__
 
-    def _remove_own_files(self) -> None:
+    def replace_with(self, staging: Path, manifest: Manifest) -> None:
+        """Swap in the complete dataset built in ``staging``: the old manifest goes first,
+        then the old shards; the new shards move in and the new manifest comes last."""
+        self._remove_own_files(keep_work=True)
+        for entry in sorted(staging.iterdir()):
+            if OWN_FILE.match(entry.name):
+                os.replace(entry, self.path / entry.name)
+        self.publish(manifest)
+
+    def _remove_own_files(self, *, keep_work: bool = False) -> None:
         # The manifest goes first: from then on the folder never claims completeness.
         (self.path / MANIFEST_NAME).unlink(missing_ok=True)
         others = []
@@ -154,7 +196,8 @@ class OutputFolder:
             if OWN_FILE.match(entry.name) or entry.name in TFDS_FILES:
                 entry.unlink()
             elif entry.name == WORK_NAME:
-                shutil.rmtree(entry)
+                if not keep_work:
+                    shutil.rmtree(entry)
             elif entry.name != LOCK_NAME:
                 others.append(entry.name)
         if others:
@@ -164,6 +207,13 @@ class OutputFolder:
                 self.path,
                 others[0],
             )
+
+
+def _same_file(handle, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def write_json_atomic(path: Path, body: dict) -> None:

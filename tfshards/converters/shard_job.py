@@ -6,6 +6,7 @@ This runs in worker processes, which import neither TensorFlow nor tqdm.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -147,7 +148,9 @@ _worker_queue: multiprocessing.Queue | None = None
 
 
 def init_worker(queue: multiprocessing.Queue) -> None:
+    """Runs first in each worker: the launching process handles Ctrl-C and stops workers."""
     global _worker_queue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_queue = queue
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tfshards import storage
-from tfshards.converters.options import ConvertOptions
+from tfshards.converters.options import BINARY_MASK_MAP, ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.errors import PairError
 from tfshards.schemas.format import SourceFile
@@ -293,7 +293,8 @@ def _remapped(values: np.ndarray, mask_map, fail) -> np.ndarray:
     mapped = table[values]
     if (mapped < 0).any():
         unknown = sorted(int(v) for v in np.unique(values[mapped < 0]))[:10]
-        raise fail(f"mask values {unknown} are not in --mask-map")
+        where = "--binary-masks (0, 1, 255)" if mask_map == BINARY_MASK_MAP else "--mask-map"
+        raise fail(f"mask values {unknown} are not in {where}")
     return mapped
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfshards.readers.options import DEFAULT_READ_BUFFER
 from tfshards.readers.plan import ReadPlan
 from tfshards.readers.shard_cache import ShardCache
 from tfshards.schemas.format import compression
@@ -25,7 +24,8 @@ def shard_records(plan: ReadPlan) -> tf.data.Dataset:
     """Serialized records of the split's shards for this input pipeline."""
     shards = plan.shards
     kind = compression(shards.manifest.compression.type).tf_name
-    buffer = plan.options.read_buffer_bytes or DEFAULT_READ_BUFFER
+    # None: TensorFlow's default; an explicit size makes TensorFlow log an INFO line.
+    buffer = plan.options.read_buffer_bytes
 
     def read_file(path: tf.Tensor) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(path, compression_type=kind, buffer_size=buffer)

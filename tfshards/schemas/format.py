@@ -362,6 +362,7 @@ LOCK_NAME = ".tfshards.lock"  # flock()ed by a running convert
 WORK_NAME = ".tfshards-work"  # the resume journal of a running convert
 JOURNAL_JOB = "job.json"  # in WORK_NAME: the job's fingerprint
 JOURNAL_DONE = "done"  # in WORK_NAME: one JSON per completed shard
+NEXT_NAME = "next"  # in WORK_NAME: the new dataset --overwrite builds beside a complete one
 CACHE_DIR_NAME = ".tfshards-cache"  # disk caches beside the shards
 INDEX_SUFFIX = ".idx"
 TFDS_FILES = ("dataset_info.json", "features.json")  # written by export-tfds

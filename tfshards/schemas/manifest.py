@@ -215,19 +215,20 @@ class Manifest:
             try:
                 data = storage.read_bytes(path, storage_options)
             except FileNotFoundError:
-                raise ManifestError(
-                    f"{storage.display(path)}: no manifest; is {storage.display(folder)} a "
-                    "dataset written by `tfshards convert`? (an interrupted conversion has no "
-                    "manifest until it completes)"
-                ) from None
+                raise _no_manifest(folder) from None
             return cls.from_json(data.decode("utf-8"), where=storage.display(path))
         path = Path(folder) / MANIFEST_NAME
         if not path.is_file():
-            raise ManifestError(
-                f"{path}: no manifest; is {folder} a folder written by `tfshards convert`? "
-                "(an interrupted conversion has no manifest until it completes)"
-            )
+            raise _no_manifest(folder)
         return cls.from_json(path.read_text(encoding="utf-8"), where=str(path))
+
+
+def _no_manifest(folder: Location) -> ManifestError:
+    return ManifestError(
+        f"{storage.display(folder)}: no manifest ({MANIFEST_NAME}): not a finished dataset; "
+        "if `tfshards convert` was writing it, rerun the conversion (or add --resume) to "
+        "finish it"
+    )
 
 
 def _section(kind: type, body: dict[str, Any], name: str):

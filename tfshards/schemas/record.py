@@ -17,16 +17,22 @@ mask/format         bytes    ``png``, ``raw`` or ``deflate``
 mask/channels       int64    always 1; mask height and width equal the image's
 ==================  =======  ==================================================
 
-The writer builds records with :func:`encode_record`; the reader parses them
-with :func:`tf_feature_spec`; ``format.py`` decodes the pixels.
+The writer builds records with :meth:`EncodedPair.to_example`; the TF reader
+parses them with :func:`tf_feature_spec`; the checks (verify, inspect) decode a
+parsed record in pure Python with :func:`decode_record`; the TFDS metadata is
+derived from :data:`FIELDS` (``pixels`` marks the two pixel fields).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
+from tfshards.schemas.format import decode_pixels
 from tfshards.schemas.tfrecord import serialize_example
 
 SCHEMA_VERSION = 1
@@ -34,18 +40,21 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class Field:
+    """One feature. ``pixels``: "image" or "mask" for the encoded pixel bytes, else None."""
+
     name: str
     kind: Literal["bytes", "int64"]
+    pixels: Literal["image", "mask"] | None = None
 
 
 FIELDS: tuple[Field, ...] = (
     Field("key", "bytes"),
-    Field("image/encoded", "bytes"),
+    Field("image/encoded", "bytes", pixels="image"),
     Field("image/format", "bytes"),
     Field("image/height", "int64"),
     Field("image/width", "int64"),
     Field("image/channels", "int64"),
-    Field("mask/encoded", "bytes"),
+    Field("mask/encoded", "bytes", pixels="mask"),
     Field("mask/format", "bytes"),
     Field("mask/channels", "int64"),
 )
@@ -90,3 +99,41 @@ def tf_feature_spec() -> dict:
 
     dtypes = {"bytes": tf.string, "int64": tf.int64}
     return {field.name: tf.io.FixedLenFeature([], dtypes[field.kind]) for field in FIELDS}
+
+
+@dataclass(frozen=True)
+class DecodedRecord:
+    """One record decoded in pure Python: image uint8 [H, W, C], mask uint8 [H, W]."""
+
+    key: str
+    image: np.ndarray
+    mask: np.ndarray
+
+
+def decode_record(features: Mapping[str, bytes | int | None]) -> DecodedRecord:
+    """Decode a parsed record (``tfrecord.parse_example``) by its own formats.
+
+    Raises ValueError saying which feature is missing or which pixels do not decode.
+    """
+    missing = [f.name for f in FIELDS if features.get(f.name) is None]
+    if missing:
+        raise ValueError(f"missing features {missing}")
+    height, width = int(features["image/height"]), int(features["image/width"])
+    planes = {}
+    for field in FIELDS:
+        if field.pixels is None:
+            continue
+        part = field.pixels
+        channels = int(features[f"{part}/channels"])
+        try:
+            planes[part] = decode_pixels(
+                features[field.name],
+                features[f"{part}/format"].decode(errors="replace"),
+                height,
+                width,
+                channels,
+            )
+        except (ValueError, OSError, KeyError) as exc:
+            raise ValueError(f"{part} does not decode: {exc}") from exc
+    key = features["key"].decode("utf-8", "replace")
+    return DecodedRecord(key, planes["image"], planes["mask"][:, :, 0])

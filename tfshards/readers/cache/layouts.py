@@ -170,8 +170,8 @@ class VariableLayout:
 
         def part_pairs(image_file, mask_file, shape_file, count, start) -> tf.data.Dataset:
             return tf.data.Dataset.zip(
-                tf.data.TFRecordDataset(image_file, buffer_size=READ_BUFFER_BYTES),
-                tf.data.TFRecordDataset(mask_file, buffer_size=READ_BUFFER_BYTES),
+                tf.data.TFRecordDataset(image_file),  # a set buffer_size logs an INFO line
+                tf.data.TFRecordDataset(mask_file),
                 tf.data.FixedLengthRecordDataset(shape_file, SHAPE_BYTES),
             ).map(decode)
 

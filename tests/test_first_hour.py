@@ -1,0 +1,250 @@
+"""A newcomer's first hour, round 2: scripts without a main guard, a safe --overwrite,
+swapped folders, clean interrupts, no lock files left behind, verify on unfinished folders."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import convert_args, shard_bytes, write_pairs
+from PIL import Image
+
+import tfshards
+from tfshards import Manifest, OutputError, PairError, convert
+from tfshards.cli import main
+from tfshards.converters.mask_values import MaskValuesError
+from tfshards.converters.shard_job import write_shard
+
+LOCK = ".tfshards.lock"
+
+
+def test_a_script_without_the_main_guard_converts_with_workers(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 12)
+    script = tmp_path / "convert_it.py"
+    script.write_text(
+        "import tfshards\n"
+        f"m = tfshards.convert({str(images)!r}, {str(masks)!r}, 'shards', num_shards=3,\n"
+        "                      workers=2, overwrite=True, progress=False)\n"
+        "print(m.total_records, 'pairs')\n"
+    )
+    for _ in range(2):  # the second run overwrites the first
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+        assert done.stdout.count("12 pairs") == 1, "workers did not rerun the script"
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == [
+        "tfshards.json",
+        "train-00000-of-00003.tfrecord",
+        "train-00001-of-00003.tfrecord",
+        "train-00002-of-00003.tfrecord",
+    ]
+
+
+def test_overwrite_builds_beside_the_old_dataset_and_a_failed_run_keeps_it(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 12)
+    out = tmp_path / "out"
+    convert(images, masks, out, num_shards=2, workers=1, progress=False)
+    before = shard_bytes(out)
+
+    def runner(specs, options, channels, folder, storage_options):
+        assert shard_bytes(out) == before, "the old dataset is untouched while building"
+        for spec in specs:
+            yield write_shard(spec, options, channels, folder, None, storage_options)
+
+    (images / "004.png").write_bytes(b"not a png")
+    with pytest.raises(PairError, match="004"):
+        convert(images, masks, out, overwrite=True, runner=runner, seed=3, progress=False)
+    assert shard_bytes(out) == before and tfshards.verify(out).ok
+    assert not (out / LOCK).exists()
+
+    manifest = convert(
+        images, masks, out, overwrite=True, on_error="skip", runner=runner, seed=3, progress=False
+    )
+    assert manifest.total_records == 11 and Manifest.load(out) == manifest
+    assert shard_bytes(out) != before and tfshards.verify(out).ok
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+def photo_masks(root: Path) -> tuple[Path, Path]:
+    """Pairs whose folders were swapped: the 'masks' are grayscale photos."""
+    images, masks = write_pairs(root, 6, channels=1)
+    for path in masks.iterdir():
+        noise = np.random.default_rng(len(path.name)).integers(0, 256, (24, 32), dtype=np.uint8)
+        Image.fromarray(noise).save(path)
+    return masks, images  # swapped on purpose
+
+
+@pytest.mark.parametrize("extra", [[], ["--binary-masks"]])
+def test_swapped_images_and_masks_stop_before_writing(tmp_path, capsys, extra):
+    masks, images = photo_masks(tmp_path / "data")
+    out = tmp_path / "out"
+    assert main([*convert_args(images, masks, out), *extra]) == 1
+    error = capsys.readouterr().err
+    assert "look like images" in error and "swapped" in error, error
+    assert "--mask-map" not in error.split("swapped")[0], "no option the user did not give"
+    assert not out.exists()
+
+
+def test_num_classes_or_mask_map_silence_the_swap_check(tmp_path):
+    masks, images = photo_masks(tmp_path / "data")
+    with pytest.raises(MaskValuesError, match="swapped"):
+        convert(images, masks, tmp_path / "a", workers=1, progress=False)
+    convert(images, masks, tmp_path / "b", num_classes=256, workers=1, progress=False)
+    identity = tuple((v, v) for v in range(256))
+    convert(images, masks, tmp_path / "c", mask_map=identity, workers=1, progress=False)
+
+
+def test_no_lock_file_is_left_by_any_refused_or_failed_run(tmp_path, capsys, monkeypatch):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    out = tmp_path / "out"
+    assert main(convert_args(images, masks, out)) == 0
+    capsys.readouterr()
+    refusals = [
+        (convert_args(images, masks, out), "holds a complete dataset"),
+        ([*convert_args(images, masks, out), "--resume", "--seed", "4"], "other inputs"),
+    ]
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    refusals.append((convert_args(images, masks, foreign), "holds no tfshards conversion"))
+    for args, message in refusals:
+        assert main(args) == 1
+        error = capsys.readouterr().err
+        assert message in error
+        assert "--resume" not in error or "--resume" in args
+        assert not (Path(args[-1]) / LOCK).exists(), args
+    monkeypatch.chdir(foreign)  # --out . in a folder of other files
+    assert main(["-q", "convert", "--images", str(images), "--masks", str(masks), "--out", "."])
+    assert "holds no tfshards conversion" in capsys.readouterr().err
+    assert not (foreign / LOCK).exists()
+    (images / "002.png").write_bytes(b"broken")  # a failed run
+    assert main(convert_args(images, masks, tmp_path / "failed")) == 1
+    assert "002" in capsys.readouterr().err and not (tmp_path / "failed" / LOCK).exists()
+    with open(out / LOCK, "a") as held:  # a refused run never removes another run's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(OutputError, match="another tfshards convert"):
+            convert(images, masks, out, overwrite=True, progress=False)
+        assert (out / LOCK).exists()
+
+
+def test_verify_on_an_unfinished_or_empty_folder_is_one_line(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    unfinished = tmp_path / "unfinished"
+    (unfinished / ".tfshards-work" / "done").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
+    for folder in (unfinished, tmp_path / "empty", tmp_path / "missing"):
+        assert main(["verify", str(folder)]) == 1
+        out, err = capsys.readouterr()
+        assert out == ""
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "no manifest" in lines[0] and "not a finished dataset" in err
+        assert "--resume" in err
+
+
+def _interrupted(images: Path, masks: Path, out: Path, when: str) -> subprocess.CompletedProcess:
+    """Run the CLI in its own process group and Ctrl-C the whole group (as a terminal does)."""
+    command = [sys.executable, "-m", "tfshards.cli", *convert_args(images, masks, out)[1:]]
+    process = subprocess.Popen(
+        [*command, "--workers", "2", "--num-shards", "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    work = out / ".tfshards-work"
+    deadline = time.monotonic() + 60
+    while process.poll() is None and time.monotonic() < deadline:
+        if work.is_dir() and (when != "a shard done" or any((work / "done").glob("*.json"))):
+            break
+        time.sleep(0.002)
+    if when == "workers importing":
+        time.sleep(0.3)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("when", ["workers starting", "workers importing", "a shard done"])
+def test_ctrl_c_prints_one_line_saying_how_to_finish(tmp_path, when):
+    images, masks = write_pairs(tmp_path / "data", 160, size=(96, 96))
+    out = tmp_path / "out"
+    done = _interrupted(images, masks, out, when)
+    assert done.returncode == 130, f"finished before the interrupt: {done.stderr}"
+    bars = ("pair/s", "s/pair")  # the progress bar, cleared on interrupt
+    lines = [x for x in done.stderr.splitlines() if x.strip() and not any(b in x for b in bars)]
+    assert lines == [
+        "tfshards convert: interrupted; rerun the same command, or add --resume, to finish"
+    ]
+    assert not (out / LOCK).exists() and not (out / "tfshards.json").exists()
+    assert main([*convert_args(images, masks, out), "--workers", "2", "--num-shards", "8"]) == 0
+    assert tfshards.verify(out).ok
+
+
+READ_SCRIPT = """
+import tfshards
+for cache in (None, True, True):
+    for image, mask in tfshards.read("out", batch_size=4, cache=cache):
+        pass
+for cache in (None, True, True):  # records of two sizes, read one at a time (framed cache)
+    for image, mask in tfshards.read("mixed", batch_size=1, cache=cache):
+        pass
+print("read")
+"""
+
+
+def test_reading_in_a_script_logs_nothing_caused_by_tfshards_settings(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 8)
+    convert(images, masks, tmp_path / "out", workers=1, progress=False)
+    for key in ("000", "001"):  # two pairs of another size
+        for folder in (images, masks):
+            path = folder / f"{key}.png"
+            Image.open(path).resize((16, 12), Image.Resampling.NEAREST).save(path)
+    convert(images, masks, tmp_path / "mixed", workers=1, progress=False)
+    done = subprocess.run(
+        [sys.executable, "-c", READ_SCRIPT],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TF_")},
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr[-3000:]
+    # TensorFlow 2.21 logs one INFO line on the first TFRecord file any process reads
+    # ("`buffer_size` is unspecified"); a buffer set by tfshards made it blame the user.
+    assert "overridden by the user specified" not in done.stderr
+
+
+def test_small_things(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:  # a typo is not taken as an abbreviation
+        main([*convert_args(images, masks, out), "--binary-mask"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --binary-mask" in capsys.readouterr().err
+    assert main(convert_args(images, masks, out)) == 0
+    capsys.readouterr()
+    assert main([*convert_args(images, masks, out), "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "is already complete: nothing to do" in said and "pairs/s" not in said
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    index_help = help_text.split("--index write", 1)[1].split("--tfds-metadata", 1)[0]
+    assert "cannot inflate the default deflate" in index_help
+    assert all(name in index_help for name in ("raw", "png", "keep"))
+
+
+def test_demo_names_no_folder_it_deleted():
+    from tfshards.demo import run_demo
+
+    summary = run_demo(count=8, size=16, progress=False)
+    assert "tfshards-demo-" not in summary, summary
+    assert "now deleted" in summary and "cache: in the temporary folder" in summary

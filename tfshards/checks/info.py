@@ -1,0 +1,96 @@
+"""What a model needs from a converted dataset: its class count and class weights.
+
+    >>> tfshards.info("shards/").num_classes  # doctest: +SKIP
+    3
+    >>> model.fit(train, class_weight=tfshards.class_weights("shards/"))  # doctest: +SKIP
+
+Read from the manifest only (no TensorFlow, no shard is opened). ``inspect``, the
+TFDS metadata and :func:`class_weights` take the class count from :func:`info`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from tfshards import storage
+from tfshards.errors import ManifestError, OptionsError
+from tfshards.schemas.manifest import Manifest
+from tfshards.storage import Location, StorageOptions
+
+WEIGHT_METHODS = ("median_frequency", "inverse_frequency")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset's class count, declared or inferred, beside its manifest.
+
+    num_classes: declared at conversion (``--num-classes``, ``--binary-masks``, or the
+    largest target of ``--mask-map`` + 1), else inferred as the largest class found in
+    any split + 1, and then ``num_classes_inferred`` is True.
+    """
+
+    path: Location
+    manifest: Manifest
+    num_classes: int
+    num_classes_inferred: bool
+
+    @property
+    def ignore_label(self) -> int | None:
+        return self.manifest.mask.ignore_label
+
+    def class_pixels(self, split: str) -> list[int]:
+        """Pixels per class 0..num_classes-1 in one split (ignored pixels left out)."""
+        if split not in self.manifest.splits:
+            raise ManifestError(
+                f"{storage.display(self.path)}: no split {split!r}; this dataset has "
+                f"{', '.join(self.manifest.splits)}"
+            )
+        pixels = list(self.manifest.splits[split].class_pixels[: self.num_classes])
+        return pixels + [0] * (self.num_classes - len(pixels))
+
+
+def info(path: Location, *, storage_options: StorageOptions = None) -> DatasetInfo:
+    """The dataset's class count (declared or inferred) and manifest; path may be a URL."""
+    manifest = Manifest.load(path, storage_options)
+    mask = manifest.mask
+    if mask.num_classes is not None:
+        return DatasetInfo(path, manifest, mask.num_classes, False)
+    if mask.mask_map:
+        return DatasetInfo(path, manifest, max(t for _, t in mask.mask_map) + 1, False)
+    found = [v for split in manifest.splits.values() for v in split.mask_values]
+    return DatasetInfo(path, manifest, max(found, default=0) + 1, True)
+
+
+def class_weights(
+    path: Location,
+    *,
+    split: str = "train",
+    method: str = "median_frequency",
+    storage_options: StorageOptions = None,
+) -> dict[int, float]:
+    """``{class: weight}`` for ``model.fit(class_weight=...)``, from a split's pixel counts.
+
+    median_frequency: median(frequency of the classes present) / frequency of the class.
+    inverse_frequency: pixels / (classes present x pixels of the class).
+    A class without pixels in the split gets 0; the ignore label, when declared, gets 0
+    (Keras looks every mask value up in this mapping, so it must be there).
+    """
+    if method not in WEIGHT_METHODS:
+        raise OptionsError(f"method must be one of {', '.join(WEIGHT_METHODS)}; got {method!r}")
+    dataset = info(path, storage_options=storage_options)
+    weights = dict(enumerate(weights_from_pixels(dataset.class_pixels(split), method)))
+    if dataset.ignore_label is not None:
+        weights[dataset.ignore_label] = 0.0
+    return weights
+
+
+def weights_from_pixels(pixels: list[int], method: str) -> list[float]:
+    present = [n for n in pixels if n]
+    if not present:
+        return [0.0] * len(pixels)
+    if method == "median_frequency":
+        median = statistics.median(present)
+        return [median / n if n else 0.0 for n in pixels]
+    total = sum(present)
+    return [total / (len(present) * n) if n else 0.0 for n in pixels]

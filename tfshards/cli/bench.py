@@ -1,0 +1,171 @@
+"""The `tfshards bench` command: its arguments, then sweep with a progress bar -> report files."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from tfshards.benchmarking.report import markdown, write_report
+from tfshards.benchmarking.sweep import MIN_PASSES, SweepConfig, SweepResult, run_sweep
+from tfshards.errors import OptionsError
+from tfshards.schemas.format import NO_COMPRESSION
+
+log = logging.getLogger("tfshards")
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure shard counts, encodings and compression on your data and disk",
+        description="Convert and read with every combination, beside the hand-written "
+        "baselines (the Keras image_dataset_from_directory pipeline, list_files + map) and the "
+        "bare TFRecordDataset ceiling; write results.csv, results.json, report.md and "
+        "throughput.png (with the 'bench' extra) and recommend a configuration.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", help="image folder (with --masks)")
+    source.add_argument("--synthetic", type=int, metavar="N", help="use N synthetic pairs")
+    p.add_argument("--masks", help="mask folder")
+    p.add_argument("--size", type=int, default=256, help="synthetic image side (default 256)")
+    p.add_argument("--work", help="scratch folder for shards (default: a temporary folder)")
+    p.add_argument("--report", default="bench", help="output folder (default ./bench)")
+    p.add_argument("--shards", default="1,4,16,64", help="shard counts (default 1,4,16,64)")
+    p.add_argument(
+        "--encodings",
+        default="deflate,keep,raw",
+        help="image encodings (default deflate,keep,raw)",
+    )
+    p.add_argument("--compression", default="none,gzip", help="compressions (default none,gzip)")
+    p.add_argument("--cycle-lengths", default="1,4,16", help="interleave cycle lengths")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per point (default 3)")
+    p.add_argument(
+        "--max-disk-ratio",
+        type=float,
+        default=4.0,
+        help="recommend only configurations within this many times the source bytes",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small grid (2 shard counts, deflate+raw, no compression, cycle 1 and "
+        "4, 3 repeats; with --synthetic, at most 300 pairs of 64x64, stated in the report)",
+    )
+    p.set_defaults(run=run_bench, tensorflow=True)
+
+
+def _numbers(text: str, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise OptionsError(f"--{name} takes comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if args.images and not args.masks:
+        raise OptionsError("--images needs --masks")
+    with tempfile.TemporaryDirectory(prefix="tfshards-bench-") as tmp:
+        work = Path(args.work) if args.work else Path(tmp)
+        images, masks = _source(args, work)
+        config = _config(args, images, masks, work)
+        return _sweep_and_report(config, Path(args.report), quiet=args.quiet)
+
+
+def _source(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
+    if args.images:
+        return Path(args.images), Path(args.masks)
+    from tfshards.converters.synth import synth
+
+    count, size = quick_size(args)
+    return synth(work / "synthetic", count=count, size=size, seed=0)
+
+
+QUICK_PAIRS, QUICK_SIDE = 300, 64
+
+
+def quick_size(args: argparse.Namespace) -> tuple[int, int]:
+    """The synthetic pairs and side to make: --quick caps them."""
+    if args.quick:
+        return min(args.synthetic, QUICK_PAIRS), min(args.size, QUICK_SIDE)
+    return args.synthetic, args.size
+
+
+def _note(args: argparse.Namespace) -> str:
+    if not args.quick:
+        return ""
+    if args.images:
+        return "Quick mode: a reduced grid on your data."
+    count, size = quick_size(args)
+    return (
+        f"Quick mode: a reduced grid on {count} synthetic pairs of {size}x{size} (asked for "
+        f"{args.synthetic} of {args.size}x{args.size}); small data favours streaming over "
+        "the cache, so measure without --quick before choosing."
+    )
+
+
+def _config(args: argparse.Namespace, images: Path, masks: Path, work: Path) -> SweepConfig:
+    if args.quick:
+        return SweepConfig(
+            images,
+            masks,
+            work,
+            shards=(1, 4),
+            encodings=("deflate", "raw"),
+            compressions=(NO_COMPRESSION,),
+            cycle_lengths=(1, 4),
+            repeats=MIN_PASSES,
+            max_disk_ratio=args.max_disk_ratio,
+            synthetic=not args.images,
+            note=_note(args),
+        )
+    return SweepConfig(
+        images,
+        masks,
+        work,
+        shards=_numbers(args.shards, "shards"),
+        encodings=_names(args.encodings),
+        compressions=_names(args.compression),
+        cycle_lengths=_numbers(args.cycle_lengths, "cycle-lengths"),
+        repeats=args.repeats,
+        max_disk_ratio=args.max_disk_ratio,
+        synthetic=not args.images,
+    )
+
+
+def _sweep_and_report(config: SweepConfig, report: Path, *, quiet: bool) -> int:
+    steps = 2 + len(config.points) * (1 + len(config.cycle_lengths))
+    result = SweepResult(config, {}, "", 0, 0)
+    interrupted = False
+    bar = tqdm(total=steps, unit="step", disable=quiet, desc="bench")
+    # Log lines go through tqdm.write, above the bar instead of through it.
+    with logging_redirect_tqdm(), bar:
+
+        def step(name: str) -> None:
+            bar.set_postfix_str(name, refresh=False)
+            bar.update(1)
+
+        try:
+            run_sweep(config, on_step=step, result=result)
+        except KeyboardInterrupt:
+            interrupted = True
+    if not result.rows and not result.baselines:
+        print("tfshards bench: interrupted before anything was measured", file=sys.stderr)
+        return 130
+    written = write_report(result, report)
+    print(markdown(result))
+    print("wrote " + ", ".join(str(p) for p in written))
+    if not any(p.suffix == ".png" for p in written):
+        print('no plot: install matplotlib (pip install "tfshards[bench]") for throughput.png')
+    if interrupted:
+        print("tfshards bench: interrupted; the report holds what was measured", file=sys.stderr)
+        return 130
+    return 0
