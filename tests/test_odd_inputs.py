@@ -198,7 +198,7 @@ def test_mutated_files_never_crash_and_never_write_a_bad_record(tmp_path, fmt, o
     (tmp_path / "m").write_bytes(mask_bytes)
     pair = Pair("k", tmp_path / "i", tmp_path / "m")
     try:
-        result, record = _encoded(pair, ConvertOptions(), 3)
+        result, record = _encoded(pair, ConvertOptions(), 3, None)
     except PairError as exc:
         assert exc.reason and exc.field in ("image", "mask")
         return
@@ -245,7 +245,7 @@ def test_a_failed_conversion_never_blocks_the_obvious_retry(tmp_path):
         "tfshards.json"
     ], "a finished folder holds the shards and the manifest, no lock or work folder"
     # a finished dataset is still protected from a plain rerun
-    with pytest.raises(OutputError, match="not empty"):
+    with pytest.raises(OutputError, match="holds a complete dataset"):
         tfshards.convert(images, masks, out, num_classes=3, workers=1, progress=False)
 
 
