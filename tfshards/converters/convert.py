@@ -140,13 +140,15 @@ def run_conversion(
     """The conversion itself, also returning timing and pairing details (used by the CLI)."""
     progress = ConversionProgress(run.progress)
     out = out if storage.is_url(out) else Path(out)
+    finished = False
     try:
         report, options, specs, source = _plan(images, masks, options, run, progress)
         manifest, written, reused, complete = _write_dataset(
             out, specs, options, source, report, run, progress
         )
+        finished = True
     finally:
-        effort = progress.close()
+        effort = progress.close(finished=finished)
     if options.tfds_metadata:
         from tfshards.converters.tfds_metadata import export_tfds
 

@@ -96,8 +96,9 @@ class ConversionProgress:
             except queue.Empty:
                 return
 
-    def close(self) -> Effort:
-        """End the bar; when shown, end with a line of what the job took."""
+    def close(self, *, finished: bool = True) -> Effort:
+        """End the bar; when shown and the job finished, end with a line of what it took
+        (an interrupted or failed job ends with its error line only)."""
         self.bar.close()
         now = time.perf_counter()
         planned = self.planned_at if self.planned_at is not None else now
@@ -108,6 +109,6 @@ class ConversionProgress:
             pairs=self.pairs,
             source_bytes=self.source_bytes,
         )
-        if self.enabled and self.pairs:
+        if self.enabled and self.pairs and finished:
             tqdm.write(f"tfshards: converted {effort}", file=sys.stderr)
         return effort
