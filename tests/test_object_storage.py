@@ -226,7 +226,10 @@ def test_verify_names_a_flipped_byte_in_a_bucket(tmp_path, s3_bucket):
 
 
 def test_a_prefix_without_manifest_is_no_dataset(s3_bucket):
-    with pytest.raises(ManifestError, match=r"s3://.*/nothing/tfshards.json: no manifest"):
+    with pytest.raises(
+        ManifestError,
+        match=r"s3://.*/nothing: no manifest \(tfshards.json\): not a finished dataset",
+    ):
         Manifest.load(f"{s3_bucket}/nothing")
 
 
