@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from s3_server import (
-    FAKE_KEY_ID,
     FAKE_SECRET,
     s3_environment,
     s3_objects,
@@ -170,9 +169,7 @@ def test_a_flipped_byte_is_named_and_never_read(local_dataset, s3_bucket, tmp_pa
     data[len(data) // 2] ^= 0xFF
     storage.write_bytes(f"{url}/{victim}", bytes(data))
     folder = tmp_path / "shards"
-    options = ReadOptions(
-        shard_cache=folder, storage_options={"key": FAKE_KEY_ID, "secret": FAKE_SECRET}
-    )
+    options = ReadOptions(shard_cache=folder)  # the secret comes from the environment
     with caplog.at_level(logging.DEBUG, logger="tfshards"), pytest.raises(Exception) as raised:
         digests(ordered(url, options))
     assert f"{url}/{victim}" in str(raised.value) and "sha256" in str(raised.value)

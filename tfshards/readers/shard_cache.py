@@ -31,7 +31,6 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tfshards import storage
@@ -59,9 +58,10 @@ def shard_cache_key(manifest: Manifest) -> str:
 class ShardCache:
     """Local copies of a remote dataset's shards, at most ``limit`` bytes of them.
 
-    ``prefetch(shard)`` starts a download in the background (``ahead`` at a time);
-    ``fetch(shard)`` returns the local path of a checked copy (waiting for or doing its
-    download) and marks it in use until ``release(shard)``. At most ``keep`` shards stay
+    ``ensure(shard)`` downloads a shard unless it is here (the reader calls it for the
+    next shards, a few at a time, from tf.data's own threads); ``fetch(shard)`` returns
+    the local path of a checked copy (waiting for or doing its download) and marks it in
+    use until ``release(shard)``. At most ``keep`` shards stay
     marked, the oldest unmarked first, so a reader stopped mid-shard leaks nothing.
     """
 
@@ -72,7 +72,6 @@ class ShardCache:
         *,
         limit: int | None = None,
         keep: int = 16,
-        ahead: int = 4,
         storage_options: storage.StorageOptions = None,
     ) -> None:
         self.folder = folder
@@ -83,31 +82,17 @@ class ShardCache:
         self.downloads = 0  # by this process: what tests and logs count
         self._in_use: OrderedDict[str, tuple[int, int]] = OrderedDict()  # file -> (fd, uses)
         self._mutex = threading.Lock()
-        self._pool = ThreadPoolExecutor(ahead, thread_name_prefix="tfshards-download")
-        self._pending: dict[str, Future] = {}
         self._room = threading.Lock()
         self._reserved = 0  # bytes of this process's downloads in flight
         (folder / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
         _remove_abandoned_downloads(folder)
 
-    def prefetch(self, shard: ShardInfo) -> None:
-        """Download ``shard`` in the background unless it is here or on its way."""
-        with self._mutex:
-            pending = self._pending.get(shard.file)
-            if (pending is not None and not pending.done()) or _complete(
-                self.folder / shard.file, shard
-            ):
-                return
-            self._pending[shard.file] = self._pool.submit(self._quietly_present, shard)
+    def ensure(self, shard: ShardInfo) -> None:
+        """Download ``shard`` unless it is here (without marking it in use)."""
+        os.close(self._locked_present(shard))
 
     def fetch(self, shard: ShardInfo) -> str:
-        """The local path of a checked copy of ``shard``, marked in use by this process.
-        A background download that failed (after its retries) fails the fetch."""
-        with self._mutex:
-            pending = self._pending.pop(shard.file, None)
-        failure = pending.result() if pending is not None else None
-        if failure is not None:
-            raise failure
+        """The local path of a checked copy of ``shard``, marked in use by this process."""
         fd = self._locked_present(shard)
         self._mark_in_use(shard.file, fd)
         return str(self.folder / shard.file)
@@ -125,20 +110,10 @@ class ShardCache:
                 os.close(fd)
 
     def close(self) -> None:
-        """Stop downloading and marking shards in use."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop marking shards in use."""
         with self._mutex:
             while self._in_use:
                 os.close(self._in_use.popitem()[1][0])
-
-    def _quietly_present(self, shard: ShardInfo) -> Exception | None:
-        """A background download; its error is raised when the reader fetches the shard."""
-        try:
-            os.close(self._locked_present(shard))
-        except Exception as exc:  # noqa: BLE001 - handed to fetch(), which raises it
-            log.debug("background download of %s failed: %s", shard.file, exc)
-            return exc
-        return None
 
     def _locked_present(self, shard: ShardInfo) -> int:
         """Make ``shard`` present; return a descriptor holding its lock shared."""

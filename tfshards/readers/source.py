@@ -57,24 +57,23 @@ def _interleaved(files: tf.data.Dataset, read_file, plan: ReadPlan) -> tf.data.D
 
 
 def _downloaded_records(plan: ReadPlan, read_file) -> tf.data.Dataset:
-    """Shard indices in this epoch's order: each announced ``ahead`` shards before it is
-    opened (a background download), fetched when opened, released after its last record."""
+    """Shard indices in this epoch's order: each downloaded before the interleave opens
+    it, fetched (marked in use) when opened, released after its last record."""
     downloads, shards = plan.downloads, plan.shards.shards
     cache = ShardCache(
         downloads.folder,
         plan.shards.root,
         limit=downloads.limit,
         keep=downloads.keep,
-        ahead=downloads.ahead,
         storage_options=plan.options.storage_options,
     )
 
-    def announce(index: tf.Tensor) -> tf.Tensor:
-        def start(i) -> int:
-            cache.prefetch(shards[int(i)])
+    def download(index: tf.Tensor) -> tf.Tensor:
+        def present(i) -> int:
+            cache.ensure(shards[int(i)])
             return int(i)
 
-        return tf.ensure_shape(tf.py_function(start, [index], Tout=tf.int64), [])
+        return tf.ensure_shape(tf.py_function(present, [index], Tout=tf.int64), [])
 
     def read_shard(index: tf.Tensor) -> tf.data.Dataset:
         path = tf.py_function(lambda i: cache.fetch(shards[int(i)]), [index], Tout=tf.string)
@@ -85,8 +84,10 @@ def _downloaded_records(plan: ReadPlan, read_file) -> tf.data.Dataset:
         return read_file(tf.ensure_shape(path, [])).concatenate(done)
 
     indices = _epoch_order(tf.data.Dataset.range(len(shards)), plan)
-    announced = indices.map(announce).prefetch(downloads.ahead)
-    return _interleaved(announced, read_shard, plan)
+    # A parallel map runs ``ahead`` downloads at once, in order, ahead of what the
+    # interleave has opened; tf.data's threads do it, so a stopped reader stops them.
+    downloaded = indices.map(download, num_parallel_calls=downloads.ahead, deterministic=True)
+    return _interleaved(downloaded, read_shard, plan)
 
 
 def _release(cache: ShardCache, shard) -> bytes:
