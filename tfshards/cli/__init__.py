@@ -63,6 +63,13 @@ def _native_stderr_logged():
                 logging.getLogger("tfshards").debug("tensorflow: %s", line)
 
 
+def _end_progress_bars() -> None:
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfshards",
@@ -113,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tfshards {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        _end_progress_bars()  # the message starts a line of its own, not after a bar
         hint = getattr(args, "interrupt_hint", None)
         print(
             f"tfshards {args.command}: interrupted" + (f"; {hint(args)}" if hint else ""),
