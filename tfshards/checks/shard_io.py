@@ -1,9 +1,8 @@
-"""Open a shard for reading in pure Python: hashing, decompression, records."""
+"""Open a shard for reading in pure Python: decompression, records."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,16 +11,6 @@ from tfshards import storage
 from tfshards.schemas.format import COMPRESSIONS
 from tfshards.schemas.tfrecord import iter_records, parse_example
 from tfshards.storage import Location, StorageOptions
-
-_CHUNK = 4 * 2**20
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def open_records(path: Path, compression: str):

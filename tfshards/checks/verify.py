@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from tfshards import storage
-from tfshards.checks.shard_io import file_sha256, local_shard, shard_examples
+from tfshards.checks.shard_io import local_shard, shard_examples
 from tfshards.errors import ManifestError
 from tfshards.schemas.format import OWN_NAMES, SHARD_LIKE, index_path
 from tfshards.schemas.manifest import Manifest, ShardInfo
@@ -116,7 +116,7 @@ def _file_matches(path: Path | None, shard: ShardInfo, check: ShardCheck) -> boo
     if size != shard.bytes:
         check.problems.append(f"{size} bytes, manifest says {shard.bytes} (truncated or replaced)")
         return False
-    if file_sha256(path) != shard.sha256:
+    if storage.sha256_file(path) != shard.sha256:
         check.problems.append("sha256 differs from the manifest (corrupted or replaced)")
         return False
     return True

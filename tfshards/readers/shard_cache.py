@@ -109,12 +109,6 @@ class ShardCache:
                 del self._in_use[shard.file]
                 os.close(fd)
 
-    def close(self) -> None:
-        """Stop marking shards in use."""
-        with self._mutex:
-            while self._in_use:
-                os.close(self._in_use.popitem()[1][0])
-
     def _locked_present(self, shard: ShardInfo) -> int:
         """Make ``shard`` present; return a descriptor holding its lock shared."""
         path = self.folder / shard.file
