@@ -34,6 +34,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from tfshards import storage
+from tfshards.download_process import DownloadProcess
 from tfshards.errors import TfshardsError
 from tfshards.readers.cache.entry import process_alive
 from tfshards.schemas.manifest import Manifest, ShardInfo
@@ -84,6 +85,9 @@ class ShardCache:
         self._mutex = threading.Lock()
         self._room = threading.Lock()
         self._reserved = 0  # bytes of this process's downloads in flight
+        # Callers are tf.data's threads: transfers run in a helper process, never on
+        # fsspec's loop thread here (see download_process.py for the hang this avoids).
+        self._transfers = DownloadProcess()
         (folder / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
         _remove_abandoned_downloads(folder)
 
@@ -159,7 +163,7 @@ class ShardCache:
         for attempt in (1, 2):
             partial = self.folder / f"{DOWNLOAD_PREFIX}{os.getpid()}-{shard.file}"
             try:
-                storage.get(url, partial, self.storage_options)
+                self._transfer(url, partial)
                 self.downloads += 1
                 problem = _mismatch(partial, shard)
                 if problem is None:
@@ -174,6 +178,12 @@ class ShardCache:
             "replaced after the manifest was written; refused (nothing of it was read). "
             "Run `tfshards verify` on the dataset, or convert it again"
         )
+
+    def _transfer(self, url: str, partial: Path) -> None:
+        if storage.is_url(url):
+            self._transfers.get(url, partial, self.storage_options)
+        else:
+            storage.get(url, partial, self.storage_options)
 
     def _make_room(self, incoming: int) -> None:
         """Evict least recently used shards not in use until ``incoming`` more bytes fit."""

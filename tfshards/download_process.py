@@ -1,0 +1,165 @@
+"""Downloads from object storage in a helper process, for callers on tf.data's threads.
+
+Why a process: fsspec runs every transfer of an async filesystem (s3fs, gcsfs) on one
+event-loop thread of its own. A tf.data iterator dropped inside a reference cycle (an
+exception's traceback holds one, for instance) is freed by Python's garbage collector on
+whichever thread happens to allocate, and freeing it waits for the iterator's calls in
+flight. When that thread is fsspec's loop and the calls in flight are downloads waiting
+for that loop, neither ever finishes: the reader hangs. A call that waits only for
+another process cannot be caught in that cycle.
+
+Each download is one connection to the helper's socket, so no thread of this process
+relays replies (a relay thread could be caught the same way). The helper imports only
+the storage layer (not TensorFlow), inherits this process's environment (credentials
+come from the same places) and exits when this process closes its stdin or dies.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+
+from tfshards import storage
+from tfshards.errors import StorageError
+
+_KEY_BYTES = 32
+_START_SECONDS = 60.0  # to import fsspec and bind the socket, on a loaded machine
+
+
+class DownloadProcess:
+    """``get(url, local)`` run by a helper process, started on first use."""
+
+    def __init__(self) -> None:
+        self._start = threading.Lock()
+        self._helper: _Helper | None = None
+
+    def get(
+        self, location: str, local: Path, storage_options: storage.StorageOptions = None
+    ) -> None:
+        """Download ``location`` to ``local`` (as ``storage.get``), raising what it raised."""
+        request = (location, os.fspath(local), storage_options, storage.RETRY_SECONDS)
+        with self._connect(location) as connection:
+            connection.send(request)
+            try:
+                failure = connection.recv()
+            except (EOFError, OSError) as exc:
+                raise StorageError(
+                    f"{storage.display(location)}: cannot download (the download process "
+                    f"stopped: {type(exc).__name__})"
+                ) from exc
+        if failure is not None:
+            raise failure
+
+    def _connect(self, location: str) -> Connection:
+        with self._start:
+            if self._helper is None or not self._helper.running():
+                self._helper = _Helper.start()
+            helper = self._helper
+        return helper.connect(location)
+
+
+class _Helper:
+    """One started helper process: its socket, key and pipe."""
+
+    def __init__(self, process: subprocess.Popen, folder: str, key: bytes) -> None:
+        self.process = process
+        self.address = os.path.join(folder, "socket")
+        self.key = key
+        # Closing stdin tells the helper to exit; the folder (mode 0700) goes with it.
+        weakref.finalize(self, _stop, process, folder)
+
+    @classmethod
+    def start(cls) -> _Helper:
+        folder = tempfile.mkdtemp(prefix="tfshards-downloads-")
+        key = secrets.token_bytes(_KEY_BYTES)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tfshards.download_process", folder],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+        )
+        process.stdin.write(key)  # never on the command line
+        process.stdin.flush()
+        return cls(process, folder, key)
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def connect(self, location: str) -> Connection:
+        deadline = time.monotonic() + _START_SECONDS
+        while True:
+            try:
+                return Client(self.address, family="AF_UNIX", authkey=self.key)
+            except (FileNotFoundError, ConnectionRefusedError):
+                if not self.running() or time.monotonic() > deadline:
+                    raise StorageError(
+                        f"{storage.display(location)}: cannot download (the download "
+                        f"process did not start; exit code {self.process.poll()})"
+                    ) from None
+                time.sleep(0.02)
+
+
+def _stop(process: subprocess.Popen, folder: str) -> None:
+    try:
+        process.stdin.close()
+        process.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        process.kill()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the helper's side
+
+
+def _serve(folder: str) -> None:
+    key = sys.stdin.buffer.read(_KEY_BYTES)
+    listener = Listener(os.path.join(folder, "socket"), family="AF_UNIX", authkey=key)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    while True:
+        try:
+            connection = listener.accept()
+        except OSError:  # a client that failed the key check: refused, the helper goes on
+            continue
+        threading.Thread(target=_download, args=(connection,), daemon=True).start()
+
+
+def _exit_with_parent() -> None:
+    sys.stdin.buffer.read()  # returns at end of file: the parent closed it or died
+    os._exit(0)
+
+
+def _download(connection: Connection) -> None:
+    with connection:
+        location, local, storage_options, retry_seconds = connection.recv()
+        storage.RETRY_SECONDS = retry_seconds  # the parent's setting; one parent, one value
+        try:
+            storage.get(location, local, storage_options)
+            failure = None
+        except Exception as exc:  # noqa: BLE001 - sent back and raised in the caller
+            failure = _portable(exc, location)
+        connection.send(failure)
+
+
+def _portable(exc: Exception, location: str) -> Exception:
+    """``exc`` if it survives pickling, else a StorageError saying the same."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any failure to pickle
+        return StorageError(
+            f"{storage.display(location)}: cannot download ({type(exc).__name__}: {exc})"
+        )
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
