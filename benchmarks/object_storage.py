@@ -13,8 +13,10 @@ cores with the reader). Rows, each the median of --repeats passes with the sprea
                     else, converted to pairs/s: the server's pace
   convert_local     tfshards.convert into a local folder (one pass each)
   convert_bucket    tfshards.convert into the bucket (shards built locally, uploaded)
-server_cpu_ms_per_pair is the S3 server's own CPU time in that row (it runs on the same
-2 cores as the reader here; a real object store does not). Then the targets as ratios.
+cpu_ms_per_pair counts this process and its children (the shard cache's download
+helper included); server_cpu_ms_per_pair is the S3 server's own CPU time in that row
+(it runs on the same 2 cores as the reader here; a real object store does not). Then the
+targets as ratios.
 The page cache is warm for the local rows.
 
     python benchmarks/object_storage.py --rows convert --before /tmp/tfshards-before
@@ -29,6 +31,7 @@ tree), alternating, with the ratio (local paths must not slow down).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -181,11 +184,25 @@ def _server_cpu() -> float:
 
 
 def _cpu() -> float:
+    """This process, its finished children, and its running ones (the shard cache's
+    download helper runs as long as its reader)."""
     import resource
 
     own = time.process_time()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own + children.ru_utime + children.ru_stime
+    return own + children.ru_utime + children.ru_stime + _running_children_cpu()
+
+
+def _running_children_cpu() -> float:
+    total = 0.0
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            if int(pid) == SERVER_PID:  # reported in its own column
+                continue
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _passes(make, args) -> list[tuple[float, float, float]]:

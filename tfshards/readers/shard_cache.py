@@ -88,6 +88,8 @@ class ShardCache:
         # Callers are tf.data's threads: transfers run in a helper process, never on
         # fsspec's loop thread here (see download_process.py for the hang this avoids).
         self._transfers = DownloadProcess()
+        if storage.is_url(remote_root):
+            self._transfers.prepare()
         (folder / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
         _remove_abandoned_downloads(folder)
 
