@@ -194,6 +194,44 @@ def test_shard_check_error_is_raised_by_the_cache_itself(local_dataset, s3_bucke
     assert cache.downloads == 2
 
 
+def test_readers_of_a_process_share_one_download_helper_that_exits_with_it(
+    local_dataset, s3_bucket, tmp_path
+):
+    url = uploaded(local_dataset, f"{s3_bucket}/ds")
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        import tfshards
+
+        def helpers():
+            return [pid for task in Path("/proc/self/task").iterdir()
+                    for pid in (task / "children").read_text().split()
+                    if b"tfshards.download_process" in Path(f"/proc/{{pid}}/cmdline").read_bytes()]
+
+        for cache in ("a", "b"):  # two readers, two shard caches: every shard downloaded twice
+            options = tfshards.ReadOptions(shard_cache={str(tmp_path)!r} + "/" + cache)
+            ds = tfshards.read({url!r}, batch_size=8, image_dtype="uint8", options=options)
+            print(sum(int(images.shape[0]) for images, _ in ds), *helpers(), flush=True)
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=True
+    )
+    first, second = (line.split() for line in done.stdout.strip().splitlines())
+    assert len(first) == 2 and first == second, "one helper, the same for both readers"
+    helper = int(first[1])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{helper}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    gone = not Path(f"/proc/{helper}").exists() or "Z" in _state(helper)
+    assert gone, "the helper exits with its process"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 class Proxy:
     """A TCP relay on 127.0.0.1 in front of the S3 server, stopped and started by a test:
     to the client, the server goes away (refused, reset) and comes back."""
