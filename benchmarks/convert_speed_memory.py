@@ -263,6 +263,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
     parser.add_argument("--before", type=Path, help="another tfshards checkout to compare")
     parser.add_argument("--encodings", default="deflate,keep", help="for the scaling table")
+    parser.add_argument(
+        "--scaling-count",
+        type=int,
+        help="pairs per source for the 1 -> 2 workers table (default: --count); the "
+        "workers' start-up weighs less on more pairs",
+    )
     parser.add_argument("--memory", action="store_true", help="also peak RSS at 1x and 4x")
     args = parser.parse_args()
     sources = {"this": Path(__file__).resolve().parents[1]}
@@ -276,6 +282,10 @@ def main() -> None:
             data = work / image_format
             synth(data, count=args.count, size=args.size, seed=7, image_format=image_format)
             stages += profile(data, work, source, args.count)
+            if args.scaling_count and args.scaling_count != args.count:
+                data = work / f"{image_format}-{args.scaling_count}"
+                synth(data, count=args.scaling_count, size=args.size, seed=7,
+                      image_format=image_format)  # fmt: skip
             scaled += scaling(sources, data, work, source, args.encodings.split(","))
         print(markdown_table(stages) + "\n\n" + markdown_table(scaled))
         if args.memory:
