@@ -151,6 +151,21 @@ def test_uint8_and_memory_cache(dataset):
     assert digests(ds) == digests(ds) == expected_digests(dataset, "val")
 
 
+def test_float_images_are_value_over_255_bit_for_bit(dataset):
+    import tensorflow as tf
+
+    from tfshards.readers.decode import to_float_image
+
+    every = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    expected = every.astype(np.float32) * np.float32(1.0 / 255.0)
+    assert np.array_equal(to_float_image(tf.constant(every)).numpy(), expected)
+    as_float = tfshards.read(dataset, batch_size=4, shuffle=False)
+    as_uint8 = tfshards.read(dataset, batch_size=4, shuffle=False, image_dtype="uint8")
+    for (f, _), (u, _) in zip(as_float, as_uint8, strict=True):
+        assert f.dtype == tf.float32
+        assert np.array_equal(f.numpy(), u.numpy().astype(np.float32) * np.float32(1 / 255))
+
+
 def test_keras_fit_evaluate_predict_without_steps(dataset):
     import keras
 
