@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -204,6 +205,40 @@ def test_disk_cache_is_built_during_the_first_epoch_and_keyed(dataset, tmp_path)
     tfshards.read(dataset, split="train", batch_size=2, cache=cache)
     assert len(tfshards.list_caches(cache)) == 2
     assert tfshards.clear_caches(cache) > 0 and tfshards.list_caches(cache) == []
+
+
+def test_a_cache_larger_than_memory_reads_few_parts_from_their_start(
+    dataset, tmp_path, monkeypatch, caplog
+):
+    from tfshards.readers.cache import memory
+
+    assert memory.parts_at_once(10 * 2**20, memory=64 * 2**20) == memory.CACHE_PARTS
+    assert memory.parts_at_once(40 * 2**20, memory=64 * 2**20) == memory.PARTS_FROM_DISK
+    assert memory.usable_memory() > 0  # /proc/meminfo at least
+    cache = tmp_path / "cache"
+    ds = tfshards.read(
+        dataset, split="train", batch_size=6, image_dtype="uint8", seed=0, cache=cache
+    )
+    expected = sorted(expected_digests(dataset, "train"))
+    assert sorted(digests(ds)) == expected  # builds the entry
+    rotated = [digests(ds) for _ in range(3)]  # the entry fits in memory: 16 rotated parts
+    assert len({tuple(epoch) for epoch in rotated}) == 3, "a new order each cached epoch"
+    twins = [
+        tfshards.read(
+            dataset, split="train", batch_size=6, image_dtype="uint8", seed=0, cache=cache
+        )
+        for _ in range(2)
+    ]
+    assert digests(twins[0]) == digests(twins[1]), "the same seed, the same order"
+    monkeypatch.setattr(memory, "usable_memory", lambda: 1024)  # the entry is larger
+    with caplog.at_level(logging.INFO, logger="tfshards"):
+        small = tfshards.read(
+            dataset, split="train", batch_size=6, image_dtype="uint8", seed=0, cache=cache
+        )
+    assert "larger than half the memory" in caplog.text
+    epochs = [digests(small) for _ in range(3)]
+    assert all(sorted(epoch) == expected for epoch in epochs), "each record once per epoch"
+    assert len({tuple(epoch) for epoch in epochs}) > 1, "a new order each epoch"
 
 
 def test_cache_true_lives_beside_the_shards(dataset, tmp_path):

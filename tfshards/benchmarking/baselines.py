@@ -132,7 +132,7 @@ def cache_bound_pipeline(entry: Path, *, cast: bool, batch_size: int = BATCH):
 
     cache = DiskCache.at(entry)
     layout = cache.layout
-    records = layout.byte_records(cache.parts(shuffle=False, seed=None), deterministic=True)
+    records = layout.byte_records(cache.parts(shuffle=False), deterministic=True)
 
     def decode(image, mask):
         image, mask = layout.decode(image, mask)

@@ -131,22 +131,37 @@ class DiskCache:
                     return False
         return True
 
-    def parts(self, *, shuffle: bool, seed: int | None) -> tf.data.Dataset:
-        """The published parts as (one path per kind..., record count, first record):
-        shuffled, in a new order each epoch, each starting at a new random record (which
-        costs reading half a part more on average: see layouts._rotated)."""
-        paths = [
-            [str(self.part(self.ready, k, kind)) for k in range(CACHE_PARTS)]
+    def parts(
+        self, *, shuffle: bool, epoch_key: tf.Tensor | int = 0, rotate: bool = True
+    ) -> tf.data.Dataset:
+        """The published parts as (one path per kind..., record count, first record).
+
+        Shuffled, they come in an order drawn from ``epoch_key`` (a new key each epoch),
+        and with ``rotate`` each starts at a random record, which costs reading half a
+        part more on average (see layouts._rotated; ``memory.parts_at_once`` decides).
+        """
+        columns = [
+            tf.constant([str(self.part(self.ready, k, kind)) for k in range(CACHE_PARTS)])
             for kind in self.layout.kinds
         ]
         counts = [part_count(self.info.records, k) for k in range(CACHE_PARTS)]
-        parts = tf.data.Dataset.from_tensor_slices((*paths, tf.constant(counts, tf.int64)))
+        columns.append(tf.constant(counts, tf.int64))
+        starts = tf.zeros([CACHE_PARTS], tf.int64)
         if shuffle:
-            parts = parts.shuffle(CACHE_PARTS, seed=seed, reshuffle_each_iteration=True)
-            starts = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-        else:
-            starts = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
-        return tf.data.Dataset.zip(parts, starts).map(lambda part, start: (*part, start))
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(CACHE_PARTS), seed=tf.stack([epoch_key, 0])
+            )
+            columns = [tf.gather(column, order) for column in columns]
+            if rotate:
+                starts = tf.random.stateless_uniform(
+                    [CACHE_PARTS], tf.stack([epoch_key, 1]), maxval=2**31, dtype=tf.int64
+                )
+        return tf.data.Dataset.from_tensor_slices((*columns, starts))
+
+    def entry_bytes(self) -> int | None:
+        """The published entry's size; None where record sizes vary."""
+        sizes = [self.layout.expected_size(self.info.records, kind) for kind in self.layout.kinds]
+        return None if None in sizes else sum(sizes)
 
     def prepare(self, stored_bytes: int) -> None:
         """Make the entry's folder; refuse if building it would not fit on disk."""

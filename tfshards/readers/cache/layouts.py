@@ -52,8 +52,11 @@ class PartLayout(Protocol):
     def bytes_needed(self, records: int, stored_bytes: int) -> int:
         """Disk space to reserve before building an entry of ``records``."""
 
-    def pairs(self, parts: tf.data.Dataset, *, deterministic: bool) -> tf.data.Dataset:
-        """Part files (one path per kind, record count, first record) -> uint8 pairs."""
+    def pairs(
+        self, parts: tf.data.Dataset, *, deterministic: bool, at_once: int = CACHE_PARTS
+    ) -> tf.data.Dataset:
+        """Part files (one path per kind, record count, first record) -> uint8 pairs,
+        ``at_once`` parts read at a time."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,11 @@ class FixedLayout:
     def bytes_needed(self, records: int, stored_bytes: int) -> int:
         return int(records * (self.image_bytes + self.mask_bytes) * 1.05) + 2**20
 
-    def byte_records(self, parts: tf.data.Dataset, *, deterministic: bool) -> tf.data.Dataset:
-        """Part files -> (image bytes, mask bytes) records, each part from its first record."""
+    def byte_records(
+        self, parts: tf.data.Dataset, *, deterministic: bool, at_once: int = CACHE_PARTS
+    ) -> tf.data.Dataset:
+        """Part files -> (image bytes, mask bytes) records, each part from its first
+        record, ``at_once`` parts read at a time."""
 
         def records(image_file, mask_file, count, start) -> tf.data.Dataset:
             start = start % tf.maximum(count, 1)
@@ -93,9 +99,9 @@ class FixedLayout:
 
         return parts.interleave(
             records,
-            cycle_length=CACHE_PARTS,
+            cycle_length=at_once,
             block_length=1,
-            num_parallel_calls=CACHE_PARTS,
+            num_parallel_calls=at_once,
             deterministic=deterministic,
         )
 
@@ -110,8 +116,10 @@ class FixedLayout:
             tf.reshape(tf.io.decode_raw(mask, tf.uint8), tf.concat([lead, [height, width, 1]], 0)),
         )
 
-    def pairs(self, parts: tf.data.Dataset, *, deterministic: bool) -> tf.data.Dataset:
-        return self.byte_records(parts, deterministic=deterministic).map(
+    def pairs(
+        self, parts: tf.data.Dataset, *, deterministic: bool, at_once: int = CACHE_PARTS
+    ) -> tf.data.Dataset:
+        return self.byte_records(parts, deterministic=deterministic, at_once=at_once).map(
             self.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
         )
 
@@ -154,7 +162,9 @@ class VariableLayout:
         # Native sizes are unknown before decoding: a generous estimate.
         return int(stored_bytes * 4) + 2**20
 
-    def pairs(self, parts: tf.data.Dataset, *, deterministic: bool) -> tf.data.Dataset:
+    def pairs(
+        self, parts: tf.data.Dataset, *, deterministic: bool, at_once: int = CACHE_PARTS
+    ) -> tf.data.Dataset:
         channels = self.shape[2]
 
         def decode(image, mask, size):
@@ -177,9 +187,9 @@ class VariableLayout:
 
         return parts.interleave(
             part_pairs,
-            cycle_length=CACHE_PARTS,
+            cycle_length=at_once,
             block_length=1,
-            num_parallel_calls=CACHE_PARTS,
+            num_parallel_calls=at_once,
             deterministic=deterministic,
         )
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfshards.readers.cache.entry import DiskCache
 from tfshards.readers.cache.layouts import CACHE_PARTS, FixedLayout
+from tfshards.readers.cache.memory import parts_at_once
 
 _FILE_BUFFER = 2**20
 log = logging.getLogger("tfshards")
@@ -122,24 +123,35 @@ def disk_cached(
         built = pairs.enumerate().map(write)  # sequential: records reach the writer in order
         return built if after is None else after(_shuffled(built, shuffle, shuffle_buffer, seed))
 
-    def cached_pass() -> tf.data.Dataset:
-        parts = cache.parts(shuffle=shuffle, seed=seed)
-        layout = cache.layout
+    def cached_pass(epoch_key: tf.Tensor) -> tf.data.Dataset:
+        size, layout = cache.entry_bytes(), cache.layout
+        at_once = CACHE_PARTS if size is None else parts_at_once(size)
+        rotate = at_once == CACHE_PARTS
+        parts = cache.parts(shuffle=shuffle, epoch_key=epoch_key, rotate=rotate)
         if after is None:
-            return layout.pairs(parts, deterministic=deterministic)
+            return layout.pairs(parts, deterministic=deterministic, at_once=at_once)
         assert isinstance(layout, FixedLayout)  # the plan batches at the cache only then
         records = _shuffled(
-            layout.byte_records(parts, deterministic=deterministic), shuffle, shuffle_buffer, seed
+            layout.byte_records(parts, deterministic=deterministic, at_once=at_once),
+            shuffle,
+            shuffle_buffer,
+            seed,
         )
         return after(records).map(
             layout.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
         )
 
-    def one_pass(_) -> tf.data.Dataset:
+    def one_pass(epoch_key: tf.Tensor) -> tf.data.Dataset:
         ready = tf.py_function(cache.is_ready, [], Tout=tf.bool)
-        return tf.cond(ready, cached_pass, build_pass)
+        return tf.cond(ready, lambda: cached_pass(epoch_key), build_pass)
 
-    return tf.data.Dataset.range(1).flat_map(one_pass)
+    # The pass is built anew each epoch inside flat_map, where a seeded shuffle would
+    # repeat its first order; the epoch's key is drawn out here, anew each epoch.
+    return _epoch_keys(seed).take(1).flat_map(one_pass)
+
+
+def _epoch_keys(seed: int | None) -> tf.data.Dataset:
+    return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
 
 
 def _shuffled(
