@@ -330,7 +330,9 @@ def test_beam_multi_process_writes_to_s3_like_local(tmp_path, s3_bucket, s3_serv
     remote = convert(
         f"{s3_bucket}/data/images", f"{s3_bucket}/data/masks", out, runner=runner, **SETTINGS
     )
-    assert remote.splits == local.splits
+    assert remote.splits == local.splits, _record_differences(
+        s3_objects(out), tmp_path / "local", tmp_path / "remote-copy"
+    )
     objects = s3_objects(out)
     expected = local_files(tmp_path / "local")
     assert objects.keys() == expected.keys()
@@ -393,3 +395,40 @@ def test_gcs_emulator_smoke(tmp_path, monkeypatch):
         assert verify(out, storage_options=options).ok
     finally:
         server.stop()
+
+
+def _record_differences(objects: dict[str, bytes], local: Path, scratch: Path) -> str:
+    """Which records of which shards differ (seen once in CI, not reproduced: say more)."""
+    scratch.mkdir(exist_ok=True)
+    lines = []
+    for path in sorted(local.glob("*.tfrecord*")):
+        ours, theirs = path.read_bytes(), objects.get(path.name)
+        if theirs is None or theirs == ours:
+            lines.append(f"{path.name}: {'missing' if theirs is None else 'same bytes'}")
+            continue
+        pairs = zip(ours, theirs, strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        lines.append(f"{path.name}: {len(ours)} vs {len(theirs)} bytes, first differs at {first}")
+        (scratch / path.name).write_bytes(theirs)
+        try:
+            lines += _differing_records(path, scratch / path.name)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: say why it could not decode
+            lines.append(f"  records not comparable: {type(exc).__name__}: {exc}")
+    return "\n".join(lines)
+
+
+def _differing_records(ours: Path, theirs: Path) -> list[str]:
+    import tensorflow as tf
+
+    kind = "GZIP" if ours.name.endswith(".gz") else ""
+    local, remote = (
+        [bytes(r.numpy()) for r in tf.data.TFRecordDataset(str(p), compression_type=kind)]
+        for p in (ours, theirs)
+    )
+    lines = [f"  {len(local)} local records, {len(remote)} remote"]
+    for index, (a, b) in enumerate(zip(local, remote, strict=False)):
+        if a != b:
+            fa, fb = (tf.train.Example.FromString(x).features.feature for x in (a, b))
+            fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+            lines.append(f"  record {index}: fields differ: {fields}")
+    return lines

@@ -19,6 +19,7 @@ process share it while the environment stays the same.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -144,17 +145,18 @@ def _stop(process: subprocess.Popen, folder: str) -> None:
 def _serve(folder: str) -> None:
     key = sys.stdin.buffer.read(_KEY_BYTES)
     listener = Listener(os.path.join(folder, "socket"), family="AF_UNIX", authkey=key)
-    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    threading.Thread(target=_exit_with_parent, args=(folder,), daemon=True).start()
     while True:
         try:
             connection = listener.accept()
-        except OSError:  # a client that failed the key check: refused, the helper goes on
-            continue
+        except (OSError, EOFError, multiprocessing.AuthenticationError):
+            continue  # a client that failed the key check or hung up: refused, served on
         threading.Thread(target=_download, args=(connection,), daemon=True).start()
 
 
-def _exit_with_parent() -> None:
+def _exit_with_parent(folder: str) -> None:
     sys.stdin.buffer.read()  # returns at end of file: the parent closed it or died
+    shutil.rmtree(folder, ignore_errors=True)  # a killed parent cannot remove it
     os._exit(0)
 
 

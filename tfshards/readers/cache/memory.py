@@ -75,7 +75,10 @@ def _cgroup_lines() -> list[str]:
 
 def _cgroup_limit(line: str) -> int | None:
     """The memory limit of one /proc/self/cgroup line's group, if it has one."""
-    _, controllers, group = line.split(":", 2)
+    fields = line.split(":", 2)
+    if len(fields) != 3:
+        return None
+    _, controllers, group = fields
     if controllers == "":
         candidates = [Path("/sys/fs/cgroup") / group.lstrip("/") / "memory.max"]
     elif "memory" in controllers.split(","):

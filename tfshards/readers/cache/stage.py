@@ -135,7 +135,7 @@ def disk_cached(
             layout.byte_records(parts, deterministic=deterministic, at_once=at_once),
             shuffle,
             shuffle_buffer,
-            seed,
+            epoch_key,  # a fixed seed here would repeat the buffer's draws each epoch
         )
         return after(records).map(
             layout.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
@@ -155,7 +155,7 @@ def _epoch_keys(seed: int | None) -> tf.data.Dataset:
 
 
 def _shuffled(
-    dataset: tf.data.Dataset, shuffle: bool, buffer: int, seed: int | None
+    dataset: tf.data.Dataset, shuffle: bool, buffer: int, seed: int | tf.Tensor | None
 ) -> tf.data.Dataset:
     if not shuffle:
         return dataset
