@@ -456,4 +456,23 @@ def _differing_records(ours: Path, theirs: Path) -> list[str]:
             fa, fb = (tf.train.Example.FromString(x).features.feature for x in (a, b))
             fields = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
             lines.append(f"  record {index}: fields differ: {fields}")
+            if "mask/encoded" in fields:
+                lines.append("  " + _which_compressor(fa, fb))
     return lines
+
+
+def _which_compressor(local, remote) -> str:
+    """Which side's deflated mask a fresh compress of the same pixels reproduces."""
+    import zlib
+
+    from tfshards.schemas import deflate
+
+    ours, theirs = (f["mask/encoded"].bytes_list.value[0] for f in (local, remote))
+    pixels = zlib.decompress(ours)
+    same = zlib.decompress(theirs) == pixels
+    fresh = {"isal": deflate.compress(pixels, 1), "zlib": zlib.compress(pixels, 1)}
+    return (
+        f"same pixels: {same}; local is {[k for k, v in fresh.items() if v == ours]}, "
+        f"remote is {[k for k, v in fresh.items() if v == theirs]} (a fresh compress here); "
+        f"headers {ours[:2].hex()} / {theirs[:2].hex()}"
+    )
