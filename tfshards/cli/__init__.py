@@ -120,10 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tfshards {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        _end_progress_bars()  # the message starts a line of its own, not after a bar
+        _end_progress_bars()
         hint = getattr(args, "interrupt_hint", None)
+        # "\r": a bar that the interrupt stopped mid-write has no instance left to close,
+        # and its fragment must not lead the message's line.
         print(
-            f"tfshards {args.command}: interrupted" + (f"; {hint(args)}" if hint else ""),
+            "\r" + f"tfshards {args.command}: interrupted" + (f"; {hint(args)}" if hint else ""),
             file=sys.stderr,
         )
         return 130
