@@ -326,10 +326,10 @@ def _assert_same_as_local(
     for name in (n for n in expected if n.endswith(".tfrecord")):  # what readers see: equal
         assert _decoded(objects[name]) == _decoded(expected[name]), name
     if objects != expected:
-        # Seen in 4 of 6 full CI runs on 2026-12-03 (Beam, resume, local -> S3), never
-        # alone, always in a bucket conversion's spawned workers: one record's deflated
-        # mask with other bytes for the same pixels (asserted above), which a fresh ISA-L
-        # compress does not reproduce. Reported, not hidden, while the cause is found.
+        # Seen in 6 of 8 full runs on 2026-12-03 (Beam, resume, local -> S3), in either
+        # conversion's spawned workers: one record's deflated mask with other bytes for
+        # the same pixels (asserted above), which a fresh ISA-L compress does not
+        # reproduce. Reported, not hidden, while the cause is found.
         why = _record_differences(objects, local, scratch)
         pytest.xfail(f"shards in the bucket decode alike but are not byte-identical:\n{why}")
 
