@@ -10,9 +10,11 @@ are pinned by what they decode to (the records, inflated), and byte for byte wit
 from __future__ import annotations
 
 import hashlib
+import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from tfshards import Manifest, convert
@@ -148,6 +150,22 @@ def test_deflate_shards_with_zlib_are_byte_identical(tmp_path, monkeypatch):
     monkeypatch.setattr(deflate, "isal_zlib", None)  # as on a platform without isal wheels
     out = _convert(tmp_path, "deflate", shard_size=2000)
     assert _shard_hashes(out) == DEFLATE_ZLIB_SHARDS
+
+
+def test_the_zlib_option_gives_zlibs_bytes_where_isal_is_installed(tmp_path):
+    assert deflate.isal_zlib is not None, "the test extra installs isal"
+    out = _convert(tmp_path, "deflate", shard_size=2000, deflate_library="zlib")
+    assert _shard_hashes(out) == DEFLATE_ZLIB_SHARDS
+    assert Manifest.load(out).options["deflate_library"] == "zlib"
+
+
+def test_the_deflate_library_is_chosen_per_thread_and_restored():
+    pixels = np.arange(4096, dtype=np.uint8) % 7
+    with deflate.library("zlib"):
+        assert deflate.compress(pixels, 1) == zlib.compress(pixels, 1)
+    assert deflate.compress(pixels, 1) == deflate.isal_zlib.compress(pixels, 1)
+    with pytest.raises(ValueError, match="one of auto, isal, zlib"), deflate.library("zstd"):
+        pass
 
 
 def test_gzip_shards_hold_identical_records(tmp_path):

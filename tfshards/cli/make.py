@@ -18,6 +18,7 @@ from tfshards.converters.options import (
     parse_size,
 )
 from tfshards.errors import OptionsError
+from tfshards.schemas import deflate
 from tfshards.schemas.format import AUTO, ENCODINGS, MASK_ENCODINGS
 from tfshards.storage import join, parse_options
 from tfshards.wording import counted
@@ -158,6 +159,14 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULTS.compression_level,
         help="zlib level 0-9, made by ISA-L where installed (1-3 -> ISA-L 1, 4-6 -> 2, 7-9 -> "
         "3) (default %(default)s: several times faster than 6 for a few %% more bytes)",
+    )
+    g.add_argument(
+        "--deflate-library",
+        choices=deflate.LIBRARIES,
+        default=DEFAULTS.deflate_library,
+        help="what deflates records and shards: auto (default) is ISA-L where installed, "
+        "else zlib; zlib makes the same bytes in every run and worker (ISA-L's bytes can "
+        "differ between processes for the same pixels) at several times ISA-L's CPU",
     )
     _add_shard_args(g)
 

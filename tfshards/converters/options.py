@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tfshards.errors import OptionsError
+from tfshards.schemas import deflate
 from tfshards.schemas.format import (
     AUTO,
     COMPRESSION_LEVELS,
@@ -52,6 +53,7 @@ class ConvertOptions:
     mask_encoding: str = AUTO
     compression: str = AUTO
     compression_level: int = DEFAULT_COMPRESSION_LEVEL
+    deflate_library: str = "auto"
     num_shards: int | None = None
     shard_size: int = DEFAULT_SHARD_SIZE
     val_fraction: float = 0.0
@@ -78,6 +80,10 @@ class ConvertOptions:
                 f"compression_level must be {COMPRESSION_LEVELS.start}.."
                 f"{COMPRESSION_LEVELS.stop - 1} (zlib levels), got {self.compression_level}"
             )
+        try:
+            deflate.check_library(self.deflate_library)
+        except ValueError as exc:
+            raise OptionsError(str(exc)) from None
         if self.num_shards is not None and self.num_shards < 1:
             raise OptionsError(f"num_shards must be at least 1, got {self.num_shards}")
         if self.shard_size < 1:

@@ -22,6 +22,7 @@ from tfshards.converters.planning import ShardSpec
 from tfshards.converters.validation import PreparedPair, pair_stage, prepare_pair
 from tfshards.converters.writer import ShardWriter
 from tfshards.errors import PairError
+from tfshards.schemas import deflate
 from tfshards.schemas.format import image_encoding, index_path, mask_encoding
 from tfshards.schemas.manifest import SkippedPair
 from tfshards.schemas.record import EncodedPair
@@ -53,11 +54,12 @@ def write_shard(
     """Write one shard into a folder, or into a bucket: then it is written to a local
     temporary folder (``TMPDIR``), hashed while written, and uploaded whole, its index
     file first."""
-    if not storage.is_url(out_dir):
-        return _write_file(spec, options, channels, Path(out_dir), progress, storage_options)
-    with tempfile.TemporaryDirectory(prefix="tfshards-shard-") as tmp:
-        result = _write_file(spec, options, channels, Path(tmp), progress, storage_options)
-        upload_shard(Path(tmp), spec.file_name, out_dir, options.index, storage_options)
+    with deflate.library(options.deflate_library):
+        if not storage.is_url(out_dir):
+            return _write_file(spec, options, channels, Path(out_dir), progress, storage_options)
+        with tempfile.TemporaryDirectory(prefix="tfshards-shard-") as tmp:
+            result = _write_file(spec, options, channels, Path(tmp), progress, storage_options)
+            upload_shard(Path(tmp), spec.file_name, out_dir, options.index, storage_options)
     return result
 
 

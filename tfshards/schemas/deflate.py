@@ -16,12 +16,23 @@ Levels are always given on zlib's scale, 0-9. ISA-L has levels 0-3; tfshards map
 ISA-L's level 0 (a Huffman-only pass, hardly smaller than the input) is not used.
 The bytes differ from zlib's at the same level, so the same conversion run with
 and without ``isal`` gives shards of other sha256s holding the same records.
+
+ISA-L's bytes are not reproducible either: in test runs here, about one record in
+several thousand (always a mask, always the same pixels) was deflated to other bytes
+by one worker process, and compressing it again in that process gave the same other
+bytes; a fresh process gave the usual ones. zlib's output depends on its input and
+level alone, so a conversion that must be byte-for-byte reproducible (the same
+sha256s from every run and every worker) chooses it: :func:`library` sets the choice
+for the calling thread, and the converter sets it from ``ConvertOptions.deflate_library``.
 """
 
 from __future__ import annotations
 
 import gzip
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import BinaryIO
 
 try:
@@ -30,6 +41,8 @@ except ImportError:  # no wheel for this platform: zlib does everything
     igzip = isal_zlib = None
 
 BACKEND = "isal" if isal_zlib is not None else "zlib"
+LIBRARIES = ("auto", "isal", "zlib")  # auto: ISA-L where installed, else zlib
+_chosen: ContextVar[str] = ContextVar("tfshards_deflate_library", default="auto")
 LEVELS = range(10)  # zlib's scale, for every caller
 GZIP_WBITS = 16 + zlib.MAX_WBITS
 ZLIB_WBITS = zlib.MAX_WBITS
@@ -40,8 +53,27 @@ def isal_level(level: int) -> int:
     return (level + 2) // 3
 
 
+def check_library(name: str) -> None:
+    """ValueError unless ``name`` is one of LIBRARIES and usable here."""
+    if name not in LIBRARIES:
+        raise ValueError(f"deflate library must be one of {', '.join(LIBRARIES)}, got {name!r}")
+    if name == "isal" and isal_zlib is None:
+        raise ValueError("deflate library 'isal' is not installed here (pip install isal)")
+
+
+@contextmanager
+def library(name: str) -> Iterator[None]:
+    """Compress with ``name`` (one of LIBRARIES) in this thread until the block ends."""
+    check_library(name)
+    token = _chosen.set(name)
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
 def _uses_isal(level: int) -> bool:
-    return isal_zlib is not None and level > 0
+    return isal_zlib is not None and level > 0 and _chosen.get() != "zlib"
 
 
 def compress(data, level: int) -> bytes:
