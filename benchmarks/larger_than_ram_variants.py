@@ -49,7 +49,8 @@ def main() -> None:
             os.environ[key] = value
         for pipeline in args.pipelines.split(","):
             kind, _, dtype = pipeline.partition("-")
-            job = {**base, "pipeline": kind, "dtype": dtype or "bytes"}
+            job = {**base, "pipeline": kind, "dtype": dtype or "bytes",
+                   "bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "false")}  # fmt: skip
             got = bench.run_child(job, folder, cgroup, args)
             for row in got:
                 row["encoding"] = name or "default"

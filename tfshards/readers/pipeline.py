@@ -1,7 +1,7 @@
 """`tfshards.read`: a tf.data pipeline over the shards of one split, as a chain of stages.
 
     shard records (source) -> shuffled records -> decoded -> served -> cached
-      -> shuffled pairs -> sized -> batched -> finished -> counted
+      -> shuffled pairs -> sized -> batched -> finished -> counted -> budgeted
 
 Every decision is made once, in a :class:`ReadPlan` (``plan.py``); each stage
 (``stages.py``) is a ``(Dataset, ReadPlan) -> Dataset`` function; the shard source
@@ -34,6 +34,7 @@ STAGES = (
     stages.batched,
     stages.finished,
     stages.counted,
+    stages.budgeted,
 )
 
 

@@ -26,6 +26,7 @@ from tfshards.readers.decode import (
     layer_augmenter,
     pair_decoder,
 )
+from tfshards.readers.memory_limits import autotune_ram_budget
 from tfshards.readers.options import (
     SHUFFLE_BUFFER_BYTES,
     CachePlan,
@@ -104,6 +105,7 @@ class ReadPlan:
     service: str | None
     repeat: bool
     downloads: Downloads | None = None  # None: local shards, read where they are
+    ram_budget: int | None = None  # bytes for tf.data's autotuned buffers; None: its default
 
     @property
     def shape(self) -> Shape:
@@ -172,6 +174,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         service=a["service"],
         repeat=a["repeat"],
         downloads=downloads,
+        ram_budget=autotune_ram_budget(),
     )
 
 

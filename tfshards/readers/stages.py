@@ -1,7 +1,7 @@
 """The stages of ``tfshards.read``: each a ``(Dataset, ReadPlan) -> Dataset`` function.
 
     shard records (source.py) -> shuffled records -> decoded -> served -> cached
-      -> shuffled pairs -> sized -> batched -> finished -> counted
+      -> shuffled pairs -> sized -> batched -> finished -> counted -> budgeted
 
 A stage that does not apply to a plan returns its input. Where pairs become
 batches is the plan's ``batches_at``: at the decode (streamed raw/deflate), at the
@@ -124,6 +124,16 @@ def counted(batches: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     if plan.repeat:
         batches = batches.repeat()
     return batches.prefetch(AUTOTUNE)
+
+
+def budgeted(batches: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
+    """tf.data's autotuned buffers held to the plan's RAM budget, where it has one (a
+    memory cgroup below the machine's memory: see memory_limits.py)."""
+    if plan.ram_budget is None:
+        return batches
+    options = tf.data.Options()
+    options.autotune.ram_budget = plan.ram_budget
+    return batches.with_options(options)
 
 
 def _batch(dataset: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:

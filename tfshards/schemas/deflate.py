@@ -20,10 +20,16 @@ and without ``isal`` gives shards of other sha256s holding the same records.
 ISA-L's bytes are not reproducible either: in test runs here, about one record in
 several thousand (always a mask, always the same pixels) was deflated to other bytes
 by one worker process, and compressing it again in that process gave the same other
-bytes; a fresh process gave the usual ones. zlib's output depends on its input and
-level alone, so a conversion that must be byte-for-byte reproducible (the same
-sha256s from every run and every worker) chooses it: :func:`library` sets the choice
-for the calling thread, and the converter sets it from ``ConvertOptions.deflate_library``.
+bytes; a fresh process gave the usual ones. The streams differ from the dynamic
+Huffman header on. Each of these gave the usual bytes for the inputs concerned
+(2026-12-03): replaying a deviating worker's sequence of compressions; random
+contents in ISA-L's level buffer, the output buffer, the C stack and every vector
+and mask register; every input alignment and neighbouring byte; each CPU pinned;
+each of ISA-L's CPU-specific code paths in turn; and valgrind saw no read of
+uninitialised memory. zlib's output depends on its input and level alone, so a
+conversion that must be byte-for-byte reproducible (the same sha256s from every run
+and every worker) chooses it: :func:`library` sets the choice for the calling
+thread, and the converter sets it from ``ConvertOptions.deflate_library``.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ through the part order, the four parts read together and the shuffle buffer only
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from tfshards.readers.cache.layouts import CACHE_PARTS
+from tfshards.readers.memory_limits import usable_memory
 
 # Parts read at once when the entry is read from the disk: enough to keep it busy,
 # few enough that their read-ahead stays in memory.
@@ -47,49 +47,3 @@ def parts_at_once(entry_bytes: int, memory: int | None = None) -> int:
         PARTS_FROM_DISK,
     )
     return PARTS_FROM_DISK
-
-
-def usable_memory() -> int | None:
-    """The smaller of the machine's memory and this process's cgroup limit (v1 or v2)."""
-    limits = [_meminfo_total(), *(_cgroup_limit(line) for line in _cgroup_lines())]
-    known = [limit for limit in limits if limit]
-    return min(known) if known else None
-
-
-def _meminfo_total() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _cgroup_lines() -> list[str]:
-    try:
-        return Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return []
-
-
-def _cgroup_limit(line: str) -> int | None:
-    """The memory limit of one /proc/self/cgroup line's group, if it has one."""
-    fields = line.split(":", 2)
-    if len(fields) != 3:
-        return None
-    _, controllers, group = fields
-    if controllers == "":
-        candidates = [Path("/sys/fs/cgroup") / group.lstrip("/") / "memory.max"]
-    elif "memory" in controllers.split(","):
-        candidates = [Path("/sys/fs/cgroup/memory") / group.lstrip("/") / "memory.limit_in_bytes"]
-    else:
-        return None
-    for path in candidates:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
-            return int(text)
-    return None
