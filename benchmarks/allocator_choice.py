@@ -1,12 +1,16 @@
-"""TensorFlow's CPU allocator, default vs BFC (TF_CPU_ALLOCATOR_USE_BFC), on every tfshards
-path of read_throughput.py and in a Keras fit, side by side on the same data.
+"""An allocator setting, A vs B, on every tfshards path of read_throughput.py and in a
+Keras fit, side by side on the same data. By default TensorFlow's CPU allocator, default
+vs BFC (TF_CPU_ALLOCATOR_USE_BFC); any environment variable with --variable/--values:
 
     python benchmarks/allocator_choice.py --count 1000 --size 256 --fit-sizes 256,512
+    python benchmarks/allocator_choice.py --variable MALLOC_ARENA_MAX --values 16,unset
 
-Each row runs in fresh child processes, one per allocator (TensorFlow reads the variable
-when it starts), alternating default and BFC in the same order for every row. Per row:
-median pairs/s of --repeats passes after a warm-up pass, user and system CPU ms per pair
-(getrusage of the child, medians), the child's peak RSS, and BFC / default ratios.
+("unset" removes the variable: with MALLOC_ARENA_MAX, tfshards' own cap of two arenas
+applies; 16 is glibc's default on 2 cores, 8 per core.) Each row runs in fresh child
+processes, one per value (the variables are read when the process starts), A then B in
+the same order for every row. Per row: median pairs/s of --repeats passes after a
+warm-up pass, user and system CPU ms per pair (getrusage of the child, medians), the
+child's peak RSS, and B / A ratios.
 Keras fit: a small conv net on tfshards.read(cache=True, image_dtype="uint8"), batch 16,
 --fit-count pairs, one warm-up epoch then timed epochs. Page cache warm.
 """
@@ -51,6 +55,8 @@ def main() -> None:
     parser.add_argument("--fit-sizes", default="256,512")
     parser.add_argument("--fit-count", type=int, default=256)
     parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--variable", default="TF_CPU_ALLOCATOR_USE_BFC")
+    parser.add_argument("--values", default="false,true", help="A,B ('unset' removes it)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -80,35 +86,37 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
           f"(shared); {args.count} pairs {args.size}x{args.size} RGB for the read paths, "
           f"{args.fit_count} per Keras fit; batch 32 (fit 16); page cache warm; median of "
           f"{args.repeats} passes after a warm-up pass", flush=True)  # fmt: skip
+    first, second = args.values.split(",")
+    print(f"A: {args.variable}={first}, B: {args.variable}={second}", flush=True)
     rows = []
     for job in jobs:
-        seen = {bfc: run_child({**job, "bfc": bfc}) for bfc in ("false", "true")}
-        rows.append(compare(job["name"], seen["false"], seen["true"]))
+        seen = [run_child({**job, "variable": args.variable, "value": v}) for v in (first, second)]
+        rows.append(compare(job["name"], *seen))
         print(markdown_table(rows[-1:]), flush=True)
     print()
     print(markdown_table(rows))
 
 
 def run_child(job: dict) -> dict:
-    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": job["bfc"], "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, job["variable"]: job["value"], "TF_CPP_MIN_LOG_LEVEL": "3"}
+    if job["value"] == "unset":
+        del env[job["variable"]]
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)],
                           capture_output=True, text=True, env=env, check=False)  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"{job['name']} (BFC={job['bfc']}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"{job['name']} ({job['value']}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def compare(name: str, default: dict, bfc: dict) -> dict:
+def compare(name: str, a: dict, b: dict) -> dict:
     return {
         "path": name,
-        "pairs/s default / BFC": f"{default['rate']:.0f} / {bfc['rate']:.0f}",
-        "BFC speed ratio": round(bfc["rate"] / default["rate"], 2),
-        "user ms/pair default / BFC": f"{default['user']:.2f} / {bfc['user']:.2f}",
-        "sys ms/pair default / BFC": f"{default['sys']:.2f} / {bfc['sys']:.2f}",
-        "CPU ratio (default / BFC)": round(
-            (default["user"] + default["sys"]) / (bfc["user"] + bfc["sys"]), 2
-        ),
-        "peak RSS MiB default / BFC": f"{default['rss']:.0f} / {bfc['rss']:.0f}",
+        "pairs/s A / B": f"{a['rate']:.0f} / {b['rate']:.0f}",
+        "B speed ratio": round(b["rate"] / a["rate"], 2),
+        "user ms/pair A / B": f"{a['user']:.2f} / {b['user']:.2f}",
+        "sys ms/pair A / B": f"{a['sys']:.2f} / {b['sys']:.2f}",
+        "CPU ratio (A / B)": round((a["user"] + a["sys"]) / (b["user"] + b["sys"]), 2),
+        "peak RSS MiB A / B": f"{a['rss']:.0f} / {b['rss']:.0f}",
     }
 
 

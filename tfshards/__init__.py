@@ -14,7 +14,11 @@ from tfshards.errors import (
     PairingError,
     TfshardsError,
 )
+from tfshards.malloc_arenas import cap_malloc_arenas
 from tfshards.schemas import Manifest
+
+# Before TensorFlow's threads make their arenas; see malloc_arenas for why and the opt-out.
+cap_malloc_arenas()
 
 __version__ = "0.1.0"
 

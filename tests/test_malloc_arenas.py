@@ -1,0 +1,85 @@
+"""import tfshards caps glibc's malloc arenas at two unless the environment chose a number."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tfshards import malloc_arenas
+
+# Twelve threads allocate at once; glibc's malloc_info lists one <heap> per arena.
+COUNT_ARENAS = textwrap.dedent(
+    """
+    import ctypes, sys, tempfile, threading
+    if sys.argv[1] == "import-tfshards":
+        import tfshards
+    if sys.argv[1] == "cli":
+        from tfshards.cli import main
+        try:
+            main(["verify", "--help"])
+        except SystemExit:
+            pass
+    barrier = threading.Barrier(12)
+    def allocate():
+        barrier.wait()
+        kept = [bytearray(300_000) for _ in range(20)]
+        barrier.wait()
+    threads = [threading.Thread(target=allocate) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile() as report:
+        handle = libc.fopen(report.name.encode(), b"w")
+        libc.malloc_info(0, handle)
+        libc.fclose(handle)
+        print(open(report.name).read().count("<heap nr="))
+    """
+)
+
+needs_glibc = pytest.mark.skipif(
+    malloc_arenas._glibc() is None, reason="the arena cap is glibc's (Linux with glibc only)"
+)
+
+
+def arenas_after_threads(mode: str, **environ: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_ARENAS, mode],
+        env={**env, **environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return int(done.stdout.split()[-1])
+
+
+@needs_glibc
+def test_importing_tfshards_caps_the_arenas_at_two():
+    assert arenas_after_threads("plain") > malloc_arenas.ARENAS, "glibc's default makes more"
+    assert arenas_after_threads("import-tfshards") <= malloc_arenas.ARENAS
+    assert arenas_after_threads("cli") <= malloc_arenas.ARENAS
+
+
+@needs_glibc
+def test_an_arena_count_set_in_the_environment_is_left_to_glibc():
+    assert arenas_after_threads("import-tfshards", MALLOC_ARENA_MAX="5") == 5
+    tunables = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}
+    assert arenas_after_threads("import-tfshards", **tunables) == 4
+
+
+def test_the_user_choice_is_read_from_either_variable():
+    assert not malloc_arenas.user_chose_arenas({})
+    assert malloc_arenas.user_chose_arenas({"MALLOC_ARENA_MAX": "8"})
+    assert malloc_arenas.user_chose_arenas({"GLIBC_TUNABLES": "glibc.malloc.arena_max=8"})
+    assert not malloc_arenas.user_chose_arenas({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"})
