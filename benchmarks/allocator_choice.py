@@ -75,7 +75,7 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
     for _ in tfshards.read(tmp / "deflate", cache=tmp / "cache"):  # the warm rows' cache
         pass
     jobs = [{"kind": "read", "name": n, "root": str(tmp), "repeats": args.repeats}
-            for n in args.paths.split(",")]  # fmt: skip
+            for n in args.paths.split(",") if n]  # fmt: skip
     for size in (int(s) for s in args.fit_sizes.split(",") if s):
         data = tmp / f"fit{size}"
         tfshards.synth(data, count=args.fit_count, size=size, seed=1)
