@@ -3,8 +3,8 @@
 Why: glibc gives each thread that allocates its own arena, up to 8 per core. tf.data's
 many threads each keep freed batch buffers in their own arena, so a reader's resident
 memory creeps up epoch after epoch, and fresh pages cost system time. With two arenas
-the 512x512 larger-than-RAM reader held its peak RSS within 3% over five epochs (+7%
-with glibc's default) and spent less system time per pair (benchmarks/README.md,
+the 512x512 larger-than-RAM readers' peak RSS rose 0.8-2.6% over five epochs (up to 10%
+with glibc's default), with about half the system time per pair (benchmarks/README.md,
 "Larger than RAM").
 
 ``mallopt(M_ARENA_MAX)`` applies to arenas created after the call, so it is made at
@@ -20,6 +20,7 @@ import ctypes
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ ARENAS = 2
 _M_ARENA_MAX = -8  # glibc's malloc.h
 
 
-def user_chose_arenas(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+def user_chose_arenas(environ: Mapping[str, str] = os.environ) -> bool:
     """True when the environment already tells glibc how many arenas to make."""
     return "MALLOC_ARENA_MAX" in environ or "arena_max" in environ.get("GLIBC_TUNABLES", "")
 
