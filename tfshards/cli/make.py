@@ -157,16 +157,17 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
         "--compression-level",
         type=int,
         default=DEFAULTS.compression_level,
-        help="zlib level 0-9, made by ISA-L where installed (1-3 -> ISA-L 1, 4-6 -> 2, 7-9 -> "
-        "3) (default %(default)s: several times faster than 6 for a few %% more bytes)",
+        help="zlib level 0-9 (default %(default)s: with zlib, several times faster than 6 for a "
+        "few %% more bytes); where ISA-L is installed it writes every level but 0 with its "
+        "level 3, the one whose bytes are reproducible",
     )
     g.add_argument(
         "--deflate-library",
         choices=deflate.LIBRARIES,
         default=DEFAULTS.deflate_library,
         help="what deflates records and shards: auto (default) is ISA-L where installed, "
-        "else zlib; zlib makes the same bytes in every run and worker (ISA-L's bytes can "
-        "differ between processes for the same pixels) at several times ISA-L's CPU",
+        "else zlib; zlib writes zlib's bytes, the same whether or not ISA-L is installed, "
+        "at several times ISA-L's CPU",
     )
     _add_shard_args(g)
 

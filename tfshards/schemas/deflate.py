@@ -2,33 +2,31 @@
 
 ISA-L (Intel's storage acceleration library, through ``isal``) writes the same
 standard streams as zlib (RFC 1950 zlib, RFC 1952 gzip) several times faster:
-on 256x256 RGB pairs here, level 1 took 0.58 ms per pair against zlib's 3.97 ms,
-and compressed slightly better (see benchmarks/README.md). Readers need not
+on 256x256 RGB pairs here, the level tfshards uses took 0.85 ms per pair against zlib
+level 1's 4.0 ms, and compressed slightly better (see benchmarks/README.md). Readers need not
 know which library wrote a stream: zlib, TensorFlow and ISA-L all read both.
 
 Levels are always given on zlib's scale, 0-9. ISA-L has levels 0-3; tfshards maps
 
     zlib 0        -> zlib itself (stored blocks: ISA-L has no uncompressed level)
-    zlib 1, 2, 3  -> ISA-L 1
-    zlib 4, 5, 6  -> ISA-L 2
-    zlib 7, 8, 9  -> ISA-L 3
+    zlib 1-9      -> ISA-L 3
 
-ISA-L's level 0 (a Huffman-only pass, hardly smaller than the input) is not used.
-The bytes differ from zlib's at the same level, so the same conversion run with
-and without ``isal`` gives shards of other sha256s holding the same records.
+because ISA-L's levels 1 and 2 do not always give the same bytes for the same input.
+Their output depends on where the caller's ``isal_zstream`` lies in memory (python-isal
+keeps it on the C stack of the calling thread): moving that structure about in memory,
+holding zeros, changed the bytes at about 4% of positions, and compressing small
+masks in four threads of a fresh process gave other bytes for some of them in 4-9% of
+processes (none with address randomisation turned off). The streams stay valid and
+inflate to the same pixels; only the bytes differ, so two conversions of the same data
+could disagree on their sha256s. Level 3 showed no such difference at 1,500 positions
+nor in 300 processes, compresses as well (0.3% larger than level 1 on 256x256 pairs)
+and costs 0.85 ms per 256x256 RGB pair against level 1's 0.62 and zlib's 4.0 ms
+(``benchmarks/deflate_levels.py``; figures in benchmarks/README.md).
 
-ISA-L's bytes are not reproducible either: in test runs here, about one record in
-several thousand (always a mask, always the same pixels) was deflated to other bytes
-by one worker process, and compressing it again in that process gave the same other
-bytes; a fresh process gave the usual ones. The streams differ from the dynamic
-Huffman header on. Each of these gave the usual bytes for the inputs concerned
-(2026-12-03): replaying a deviating worker's sequence of compressions; random
-contents in ISA-L's level buffer, the output buffer, the C stack and every vector
-and mask register; every input alignment and neighbouring byte; each CPU pinned;
-each of ISA-L's CPU-specific code paths in turn; and valgrind saw no read of
-uninitialised memory. zlib's output depends on its input and level alone, so a
-conversion that must be byte-for-byte reproducible (the same sha256s from every run
-and every worker) chooses it: :func:`library` sets the choice for the calling
+The bytes differ from zlib's at the same level, so the same conversion run with and
+without ``isal`` gives shards of other sha256s holding the same records. A conversion
+that must give zlib's bytes (the same sha256s whether or not ``isal`` is installed, or
+across ISA-L versions) chooses zlib: :func:`library` sets the choice for the calling
 thread, and the converter sets it from ``ConvertOptions.deflate_library``.
 """
 
@@ -50,13 +48,9 @@ BACKEND = "isal" if isal_zlib is not None else "zlib"
 LIBRARIES = ("auto", "isal", "zlib")  # auto: ISA-L where installed, else zlib
 _chosen: ContextVar[str] = ContextVar("tfshards_deflate_library", default="auto")
 LEVELS = range(10)  # zlib's scale, for every caller
+ISAL_LEVEL = 3  # for every zlib level 1-9: levels 1 and 2 are not reproducible (above)
 GZIP_WBITS = 16 + zlib.MAX_WBITS
 ZLIB_WBITS = zlib.MAX_WBITS
-
-
-def isal_level(level: int) -> int:
-    """ISA-L's level for a zlib level 1-9 (see the module docstring)."""
-    return (level + 2) // 3
 
 
 def check_library(name: str) -> None:
@@ -85,14 +79,14 @@ def _uses_isal(level: int) -> bool:
 def compress(data, level: int) -> bytes:
     """One zlib stream (RFC 1950) of ``data`` (bytes or a contiguous buffer)."""
     if _uses_isal(level):
-        return isal_zlib.compress(data, isal_level(level))
+        return isal_zlib.compress(data, ISAL_LEVEL)
     return zlib.compress(data, level)
 
 
 def compressobj(level: int, wbits: int):
     """A streaming compressor (``compress``, ``flush``) writing zlib or gzip by ``wbits``."""
     if _uses_isal(level):
-        return isal_zlib.compressobj(isal_level(level), isal_zlib.DEFLATED, wbits)
+        return isal_zlib.compressobj(ISAL_LEVEL, isal_zlib.DEFLATED, wbits)
     return zlib.compressobj(level, zlib.DEFLATED, wbits)
 
 

@@ -1,0 +1,149 @@
+"""ISA-L's levels against zlib: CPU per pair, size, and whether the bytes are reproducible.
+
+    python benchmarks/deflate_levels.py --count 200 --size 256 --processes 150
+
+Speed: every image and mask of ``tfshards synth`` pairs compressed in this process, one
+library/level at a time, median of --passes (the passes listed). Reproducibility: for
+each library/level, --processes fresh Python processes (two at a time) compress small
+pairs (the test suite's size, 24x32) in four threads, --rounds times over, and compare
+every stream with the one this process made in its main thread. A process counts as
+deviating when any stream differs; the streams all inflate to the same pixels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+from _common import markdown_table
+from isal import isal_zlib
+from PIL import Image
+
+from tfshards.converters.synth import synth
+
+COMPRESSORS = {
+    "zlib 1": lambda data: zlib.compress(data, 1),
+    "ISA-L 1": lambda data: isal_zlib.compress(data, 1),
+    "ISA-L 2": lambda data: isal_zlib.compress(data, 2),
+    "ISA-L 3": lambda data: isal_zlib.compress(data, 3),
+}
+THREADS = 4
+
+
+def load_pairs(folder: Path, count: int, size: int | tuple[int, int]) -> list[np.ndarray]:
+    images, masks = synth(folder, count=count, size=size)
+    arrays = []
+    for image, mask in zip(sorted(images.iterdir()), sorted(masks.iterdir()), strict=True):
+        arrays += [np.asarray(Image.open(image)), np.asarray(Image.open(mask))]
+    return [np.ascontiguousarray(a) for a in arrays]
+
+
+def speed(arrays: list[np.ndarray], passes: int) -> dict[str, tuple[list[float], float]]:
+    """Per compressor: CPU ms per pair of each pass, and compressed / raw bytes."""
+    raw = sum(a.nbytes for a in arrays)
+    found: dict[str, tuple[list[float], float]] = {name: ([], 0.0) for name in COMPRESSORS}
+    for _ in range(passes):
+        for name, compress in COMPRESSORS.items():
+            started = time.process_time()
+            size = sum(len(compress(a)) for a in arrays)
+            ms = 1000 * (time.process_time() - started) / (len(arrays) / 2)
+            found[name][0].append(ms)
+            found[name] = (found[name][0], size / raw)
+    return found
+
+
+def compress_in_threads(arrays: list[np.ndarray], name: str, rounds: int) -> list[bytes]:
+    """Every array compressed ``rounds`` times in THREADS threads; the digests that differ
+    from the first round's own are kept too, so the caller sees any stream that changed."""
+    compress = COMPRESSORS[name]
+    digests: list[set[bytes]] = [set() for _ in arrays]
+
+    def work(first: int) -> None:
+        for _ in range(rounds):
+            for index in range(first, len(arrays), THREADS):
+                digests[index].add(hashlib.sha256(compress(arrays[index])).digest())
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [b"".join(sorted(found)) for found in digests]
+
+
+def child(job: Path, name: str, rounds: int) -> None:
+    arrays, reference = pickle.loads(job.read_bytes())
+    found = compress_in_threads(arrays, name, rounds)
+    print(sum(got != reference[name][i] for i, got in enumerate(found)))
+
+
+def reproducibility(arrays: list[np.ndarray], processes: int, rounds: int, tmp: Path) -> dict:
+    reference = {
+        name: [hashlib.sha256(compress(a)).digest() for a in arrays]
+        for name, compress in COMPRESSORS.items()
+    }
+    job = tmp / "job.pickle"
+    job.write_bytes(pickle.dumps((arrays, reference)))
+    found = {}
+    for name in COMPRESSORS:
+        counts: list[int] = []
+        for start in range(0, processes, 2):
+            running = [
+                subprocess.Popen(
+                    [sys.executable, __file__, "--child", str(job), name, str(rounds)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(min(2, processes - start))
+            ]
+            counts += [int(p.communicate()[0]) for p in running]
+        found[name] = (sum(c > 0 for c in counts), sum(counts))
+    return found
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=200, help="pairs for speed (default 200)")
+    parser.add_argument("--size", type=int, default=256, help="their side (default 256)")
+    parser.add_argument("--passes", type=int, default=5, help="speed passes (default 5)")
+    parser.add_argument("--processes", type=int, default=150, help="per level (default 150)")
+    parser.add_argument("--rounds", type=int, default=30, help="per process (default 30)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tfshards-levels-") as tmp:
+        timed = speed(load_pairs(Path(tmp, "speed"), args.count, args.size), args.passes)
+        small = load_pairs(Path(tmp, "small"), 240, (24, 32))
+        repeated = reproducibility(small, args.processes, args.rounds, Path(tmp))
+    rows = [
+        {
+            "compressor": name,
+            "cpu_ms_per_pair": round(statistics.median(timed[name][0]), 3),
+            "passes": ", ".join(f"{ms:.2f}" for ms in timed[name][0]),
+            "bytes_of_raw": round(timed[name][1], 4),
+            "deviating_processes": f"{repeated[name][0]} of {args.processes}",
+            "deviating_streams": repeated[name][1],
+        }
+        for name in COMPRESSORS
+    ]
+    print(
+        f"speed: {args.count} pairs {args.size}x{args.size} RGB (image + mask), median of "
+        f"{args.passes}; reproducibility: {len(small) // 2} pairs 24x32 in {THREADS} threads "
+        f"x {args.rounds} rounds per process"
+    )
+    print(markdown_table(rows))
+
+
+if __name__ == "__main__":
+    main()
