@@ -14,12 +14,13 @@ Levels are always given on zlib's scale, 0-9. ISA-L has levels 0-3; tfshards map
 because ISA-L's levels 1 and 2 do not always give the same bytes for the same input.
 Their output depends on where the caller's ``isal_zstream`` lies in memory (python-isal
 keeps it on the C stack of the calling thread): moving that structure about in memory,
-holding zeros, changed the bytes at about 4% of positions, and compressing small
+holding zeros, changed the bytes at 1-4% of positions (by the data;
+``benchmarks/isal_address_dependence.py``), and compressing small
 masks in four threads of a fresh process gave other bytes for some of them in 4-9% of
 processes (none with address randomisation turned off). The streams stay valid and
 inflate to the same pixels; only the bytes differ, so two conversions of the same data
-could disagree on their sha256s. Level 3 showed no such difference at 1,500 positions
-nor in 300 processes, compresses as well (0.3% larger than level 1 on 256x256 pairs)
+could disagree on their sha256s. Level 3 showed no such difference at 3,000 positions
+(two runs) nor in 300 processes, compresses as well (0.3% larger than level 1 on 256x256 pairs)
 and costs 0.85 ms per 256x256 RGB pair against level 1's 0.62 and zlib's 4.0 ms
 (``benchmarks/deflate_levels.py``; figures in benchmarks/README.md).
 

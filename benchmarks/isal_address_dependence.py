@@ -1,0 +1,132 @@
+"""Whether ISA-L's bytes depend on where its stream state lies in memory, per level.
+
+    python benchmarks/isal_address_dependence.py --positions 300 --pairs 240
+
+Calls the ``isal_deflate_init``/``isal_deflate`` that the ``isal`` wheel bundles, through
+ctypes, with the same input, level buffer and output buffer every time, and only the
+``struct isal_zstream`` moved: to --positions random 64-byte-aligned addresses of one
+large zero-filled anonymous mapping (fresh pages, so the contents are zeros every time).
+Inputs are the images and masks of --pairs small synthetic pairs (24x32). A position
+counts when any input's stream differs from the one ``isal_zlib.compress`` gave in this
+process. Each stream is inflated and checked against its input too.
+
+The structure's leading fields are declared below as ISA-L 2.31 lays them out (the
+rest is opaque); the script first checks that its own call reproduces
+``isal_zlib.compress`` at an ordinary address, and stops if it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import mmap
+import random
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+from isal import isal_zlib
+from PIL import Image
+
+from tfshards.converters.synth import synth
+
+STATE_BYTES = 1 << 17  # struct isal_zstate is about 82 KB in ISA-L 2.31
+LEVEL_BUFFER = 1 << 21  # at least every level's default size
+OUT_BYTES = 1 << 16
+IGZIP_ZLIB, FULL_FLUSH = 3, 2  # igzip_lib.h
+
+
+class ZStream(ctypes.Structure):
+    _fields_ = [
+        ("next_in", ctypes.c_void_p),
+        ("avail_in", ctypes.c_uint32),
+        ("total_in", ctypes.c_uint32),
+        ("next_out", ctypes.c_void_p),
+        ("avail_out", ctypes.c_uint32),
+        ("total_out", ctypes.c_uint32),
+        ("hufftables", ctypes.c_void_p),
+        ("level", ctypes.c_uint32),
+        ("level_buf_size", ctypes.c_uint32),
+        ("level_buf", ctypes.c_void_p),
+        ("end_of_stream", ctypes.c_uint16),
+        ("flush", ctypes.c_uint16),
+        ("gzip_flag", ctypes.c_uint16),
+        ("hist_bits", ctypes.c_uint16),
+        ("internal_state", ctypes.c_uint8 * STATE_BYTES),
+    ]
+
+
+class Deflater:
+    """isal_deflate of one buffer with the stream state at an address of our choosing."""
+
+    def __init__(self) -> None:
+        library = ctypes.CDLL(isal_zlib.__file__)  # the wheel links ISA-L in statically
+        self.init, self.deflate = library.isal_deflate_init, library.isal_deflate
+        self.init.argtypes = self.deflate.argtypes = [ctypes.c_void_p]
+        self.level_buf = ctypes.create_string_buffer(LEVEL_BUFFER)
+        self.out = ctypes.create_string_buffer(OUT_BYTES)
+
+    def __call__(self, data: bytes, level: int, address: int) -> bytes:
+        stream = ZStream.from_address(address)
+        self.init(address)
+        source = ctypes.create_string_buffer(data, len(data))
+        stream.next_in, stream.avail_in = ctypes.addressof(source), len(data)
+        stream.next_out, stream.avail_out = ctypes.addressof(self.out), OUT_BYTES
+        stream.level, stream.level_buf_size = level, LEVEL_BUFFER
+        stream.level_buf = ctypes.addressof(self.level_buf)
+        stream.gzip_flag, stream.hist_bits = IGZIP_ZLIB, 0
+        stream.flush, stream.end_of_stream = FULL_FLUSH, 1
+        if self.deflate(address) != 0:
+            raise RuntimeError("isal_deflate failed")
+        return self.out.raw[: stream.total_out]
+
+
+def inputs(pairs: int) -> list[bytes]:
+    with tempfile.TemporaryDirectory(prefix="tfshards-isal-") as tmp:
+        images, masks = synth(Path(tmp), count=pairs, size=(24, 32))
+        files = sorted(images.iterdir()) + sorted(masks.iterdir())
+        return [np.asarray(Image.open(f)).tobytes() for f in files]
+
+
+def fresh_pages(rng: random.Random, region_bytes: int, used: set[int]) -> int:
+    """The first of enough pages for a stream state that no earlier call touched, so
+    they hold zeros and never our own leftovers."""
+    span = ctypes.sizeof(ZStream) // 4096 + 2
+    while True:
+        page = rng.randrange(region_bytes // 4096 - span)
+        pages = set(range(page, page + span))
+        if not pages & used:
+            used.update(pages)
+            return page
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--positions", type=int, default=300, help="per level (default 300)")
+    parser.add_argument("--pairs", type=int, default=240, help="small pairs (default 240)")
+    parser.add_argument("--levels", default="1,2,3", help="ISA-L levels (default 1,2,3)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    data, deflater = inputs(args.pairs), Deflater()
+    region_bytes = 1 << 32
+    region = mmap.mmap(-1, region_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    used: set[int] = set()
+    rng = random.Random(args.seed)
+    for level in (int(x) for x in args.levels.split(",")):
+        expected = [isal_zlib.compress(d, level) for d in data]
+        home = ctypes.create_string_buffer(ctypes.sizeof(ZStream))
+        if [deflater(d, level, ctypes.addressof(home)) for d in data] != expected:
+            raise SystemExit("this ISA-L lays out isal_zstream otherwise: no result")
+        deviating = 0
+        for _ in range(args.positions):
+            address = base + 4096 * fresh_pages(rng, region_bytes, used) + 64 * rng.randrange(64)
+            streams = [deflater(d, level, address) for d in data]
+            assert all(zlib.decompress(s) == d for s, d in zip(streams, data, strict=True))
+            deviating += streams != expected
+        print(f"ISA-L level {level}: other bytes at {deviating} of {args.positions} positions")
+
+
+if __name__ == "__main__":
+    main()
