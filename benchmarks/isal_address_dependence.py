@@ -10,7 +10,7 @@ Inputs are the images and masks of --pairs small synthetic pairs (24x32). A posi
 counts when any input's stream differs from the one ``isal_zlib.compress`` gave in this
 process. Each stream is inflated and checked against its input too.
 
-The structure's leading fields are declared below as ISA-L 2.31 lays them out (the
+The structure's leading fields are declared below as ISA-L 2.32 lays them out (the
 rest is opaque); the script first checks that its own call reproduces
 ``isal_zlib.compress`` at an ordinary address, and stops if it does not.
 """
@@ -31,7 +31,7 @@ from PIL import Image
 
 from tfshards.converters.synth import synth
 
-STATE_BYTES = 1 << 17  # struct isal_zstate is about 82 KB in ISA-L 2.31
+STATE_BYTES = 1 << 17  # struct isal_zstate is about 82 KB in ISA-L 2.32
 LEVEL_BUFFER = 1 << 21  # at least every level's default size
 OUT_BYTES = 1 << 16
 IGZIP_ZLIB, FULL_FLUSH = 3, 2  # igzip_lib.h
