@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import convert_args, write_pairs
+from PIL import Image
 from s3_server import s3_environment, s3_objects, upload_folder
 
 from tfshards import convert, storage
@@ -200,6 +201,47 @@ def test_inputs_from_two_prefixes_via_cli(tmp_path, s3_bucket, capsys):
     assert "OK: s3://" in capsys.readouterr().out
     assert main(["inspect", out, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["path"] == out
+
+
+def test_inspect_preview_of_a_dataset_in_a_bucket(tmp_path, s3_bucket, capsys):
+    images, masks = write_pairs(tmp_path / "data", 12)
+    out = f"{s3_bucket}/shards"
+    convert(images, masks, out, workers=1, **SETTINGS)
+    preview = tmp_path / "preview.png"
+    assert main(["-q", "inspect", out, "--preview", str(preview), "--count", "3"]) == 0
+    assert "train" in capsys.readouterr().out
+    assert Image.open(preview).size == (3 * 160, 14 + 3 * (160 + 14) + 14)  # 3 rows
+
+
+def test_bench_copies_inputs_from_a_bucket_then_measures_the_local_disk(tmp_path, s3_bucket):
+    write_pairs(tmp_path / "data", 24, size=(16, 16))
+    upload_folder(tmp_path / "data", f"{s3_bucket}/data")
+    grid = ["--shards", "1", "--encodings", "raw", "--compression", "none"]
+    command = [
+        *["-q", "bench", "--images", f"{s3_bucket}/data/images"],
+        *["--masks", f"{s3_bucket}/data/masks", "--work", str(tmp_path / "work")],
+        *["--report", str(tmp_path / "report"), *grid, "--cycle-lengths", "1"],
+    ]
+    assert main(command) == 0
+    for name in ("images", "masks"):
+        copied = tmp_path / "work" / "inputs" / name
+        for source in (tmp_path / "data" / name).iterdir():
+            assert (copied / source.name).read_bytes() == source.read_bytes()
+    body = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert body["complete"] and body["pairs"] == 24
+
+
+def test_bench_refuses_a_bucket_for_its_scratch_or_report_and_an_empty_input(
+    tmp_path, s3_bucket, capsys
+):
+    local = ["--images", str(tmp_path), "--masks", str(tmp_path)]
+    assert main(["bench", *local, "--work", f"{s3_bucket}/work"]) == 2
+    assert "--work must be a local folder" in capsys.readouterr().err
+    assert main(["bench", *local, "--report", f"{s3_bucket}/report"]) == 2
+    assert "--report must be a local folder" in capsys.readouterr().err
+    remote = ["--images", f"{s3_bucket}/none", "--masks", f"{s3_bucket}/none2"]
+    assert main(["-q", "bench", *remote, "--work", str(tmp_path / "w")]) == 2
+    assert f"{s3_bucket}/none: not a folder, or an empty one" in capsys.readouterr().err
 
 
 def test_missing_input_prefix_is_bad_usage(tmp_path, s3_bucket, capsys):

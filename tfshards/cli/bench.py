@@ -11,8 +11,10 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from tfshards import storage
 from tfshards.benchmarking.report import markdown, write_report
 from tfshards.benchmarking.sweep import MIN_PASSES, SweepConfig, SweepResult, run_sweep
+from tfshards.cli.datasets import add_storage_option
 from tfshards.errors import OptionsError
 from tfshards.schemas.format import NO_COMPRESSION
 
@@ -29,12 +31,20 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "throughput.png (with the 'bench' extra) and recommend a configuration.",
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--images", help="image folder (with --masks)")
+    source.add_argument(
+        "--images",
+        help="image folder (with --masks); a URL such as s3://bucket/images is copied into "
+        "--work first, and the sweep measures this machine's disk",
+    )
     source.add_argument("--synthetic", type=int, metavar="N", help="use N synthetic pairs")
-    p.add_argument("--masks", help="mask folder")
+    p.add_argument("--masks", help="mask folder or URL")
     p.add_argument("--size", type=int, default=256, help="synthetic image side (default 256)")
-    p.add_argument("--work", help="scratch folder for shards (default: a temporary folder)")
-    p.add_argument("--report", default="bench", help="output folder (default ./bench)")
+    p.add_argument(
+        "--work",
+        help="local scratch folder for shards and copied inputs (default: a temporary folder)",
+    )
+    p.add_argument("--report", default="bench", help="local output folder (default ./bench)")
+    add_storage_option(p)
     p.add_argument("--shards", default="1,4,16,64", help="shard counts (default 1,4,16,64)")
     p.add_argument(
         "--encodings",
@@ -73,6 +83,12 @@ def _names(text: str) -> tuple[str, ...]:
 def run_bench(args: argparse.Namespace) -> int:
     if args.images and not args.masks:
         raise OptionsError("--images needs --masks")
+    for flag, value in (("--work", args.work), ("--report", args.report)):
+        if value and storage.is_url(value):
+            raise OptionsError(
+                f"{flag} must be a local folder: bench measures this machine's disk "
+                f"(got {storage.display(value)})"
+            )
     with tempfile.TemporaryDirectory(prefix="tfshards-bench-") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
         images, masks = _source(args, work)
@@ -81,12 +97,24 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _source(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
+    if args.images and (storage.is_url(args.images) or storage.is_url(args.masks)):
+        options = storage.parse_options(args.storage_option)
+        return tuple(_copied(args, url, work / "inputs" / name, options)
+                     for name, url in (("images", args.images), ("masks", args.masks)))  # fmt: skip
     if args.images:
         return Path(args.images), Path(args.masks)
     from tfshards.converters.synth import synth
 
     count, size = quick_size(args)
     return synth(work / "synthetic", count=count, size=size, seed=0)
+
+
+def _copied(args: argparse.Namespace, url: str, local: Path, options: dict) -> Path:
+    """A local copy of an input folder given by URL, with a progress bar."""
+    with tqdm(unit="B", unit_scale=True, disable=args.quiet, desc=f"copy {local.name}") as bar:
+        copied = storage.get_tree(url, local, options, on_file=bar.update)
+    log.info("copied %s (%.1f MB) to %s", storage.display(url), copied / 1e6, local)
+    return local
 
 
 QUICK_PAIRS, QUICK_SIDE = 300, 64
