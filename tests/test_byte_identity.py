@@ -153,7 +153,8 @@ def test_deflate_shards_with_zlib_are_byte_identical(tmp_path, monkeypatch):
 
 
 def test_the_zlib_option_gives_zlibs_bytes_where_isal_is_installed(tmp_path):
-    assert deflate.isal_zlib is not None, "the test extra installs isal"
+    if deflate.isal_zlib is None:
+        pytest.skip("isal has no wheel for this platform")
     out = _convert(tmp_path, "deflate", shard_size=2000, deflate_library="zlib")
     assert _shard_hashes(out) == DEFLATE_ZLIB_SHARDS
     assert Manifest.load(out).options["deflate_library"] == "zlib"
@@ -163,7 +164,8 @@ def test_the_deflate_library_is_chosen_per_thread_and_restored():
     pixels = np.arange(4096, dtype=np.uint8) % 7
     with deflate.library("zlib"):
         assert deflate.compress(pixels, 1) == zlib.compress(pixels, 1)
-    assert deflate.compress(pixels, 1) == deflate.isal_zlib.compress(pixels, deflate.ISAL_LEVEL)
+    if deflate.isal_zlib is not None:  # after the block: ISA-L again
+        assert deflate.compress(pixels, 1) == deflate.isal_zlib.compress(pixels, deflate.ISAL_LEVEL)
     with pytest.raises(ValueError, match="one of auto, isal, zlib"), deflate.library("zstd"):
         pass
 

@@ -77,9 +77,10 @@ def test_keep_copies_source_bytes_and_reencodes_palette_masks(tmp_path):
         assert parsed["mask/encoded"].numpy() != (masks / f"{key}.png").read_bytes()
 
 
-def test_same_inputs_give_identical_bytes_whatever_the_workers(tmp_path):
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_same_inputs_give_identical_bytes_whatever_the_workers(tmp_path, compression):
     images, masks = write_pairs(tmp_path / "data", 40)
-    kwargs = dict(num_shards=5, val_fraction=0.2, seed=7, progress=False)
+    kwargs = dict(num_shards=5, val_fraction=0.2, seed=7, progress=False, compression=compression)
     convert(images, masks, tmp_path / "w1", workers=1, **kwargs)
     convert(images, masks, tmp_path / "w2", workers=2, **kwargs)
     one, two = shard_bytes(tmp_path / "w1"), shard_bytes(tmp_path / "w2")

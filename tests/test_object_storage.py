@@ -462,7 +462,7 @@ def _decoded(shard: bytes) -> list[tuple[str, bytes, bytes]]:
 
 
 def _record_differences(objects: dict[str, bytes], local: Path, scratch: Path) -> str:
-    """Which records of which shards differ (seen once in CI, not reproduced: say more)."""
+    """Which records of which shards differ, for the failure message."""
     scratch.mkdir(exist_ok=True)
     lines = []
     for path in sorted(local.glob("*.tfrecord*")):
@@ -509,7 +509,7 @@ def _which_compressor(local, remote) -> str:
     ours, theirs = (f["mask/encoded"].bytes_list.value[0] for f in (local, remote))
     pixels = zlib.decompress(ours)
     same = zlib.decompress(theirs) == pixels
-    fresh = {"isal": deflate.compress(pixels, 1), "zlib": zlib.compress(pixels, 1)}
+    fresh = {"tfshards": deflate.compress(pixels, 1), "zlib": zlib.compress(pixels, 1)}
     return (
         f"same pixels: {same}; local is {[k for k, v in fresh.items() if v == ours]}, "
         f"remote is {[k for k, v in fresh.items() if v == theirs]} (a fresh compress here); "

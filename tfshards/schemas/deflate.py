@@ -13,22 +13,24 @@ Levels are always given on zlib's scale, 0-9. ISA-L has levels 0-3; tfshards map
 
 because ISA-L's levels 1 and 2 do not always give the same bytes for the same input.
 Their output depends on where the caller's ``isal_zstream`` lies in memory (python-isal
-keeps it on the C stack of the calling thread): moving that structure about in memory,
-holding zeros, changed the bytes at 1-4% of positions (by the data;
-``benchmarks/isal_address_dependence.py``), and compressing small
-masks in four threads of a fresh process gave other bytes for some of them in 4-9% of
-processes (none with address randomisation turned off). The streams stay valid and
-inflate to the same pixels; only the bytes differ, so two conversions of the same data
-could disagree on their sha256s. Level 3 showed no such difference at 3,000 positions
-(two runs) nor in 300 processes, compresses as well (0.3% larger than level 1 on 256x256 pairs)
-and costs 0.85 ms per 256x256 RGB pair against level 1's 0.62 and zlib's 4.0 ms
-(``benchmarks/deflate_levels.py``; figures in benchmarks/README.md).
+keeps it on the C stack of the calling thread). Moving only that structure about in a
+zero-filled mapping changed the bytes at about 1% of addresses
+(``benchmarks/isal_address_dependence.py``). Compressing small masks in four threads of
+fresh processes gave other bytes for some of them in up to 9% of processes at level 1
+(0-14 of 150, by the data and the run) and in 1 of 150 at level 2
+(``benchmarks/deflate_levels.py``), and in none with address randomisation off. The
+streams stay valid and inflate to the same pixels; only the bytes differ, so two
+conversions of the same data could disagree on their sha256s. Level 3 showed no such
+difference in any run (4,500 addresses, 450 processes), compresses about as well (0.6%
+larger than level 1 on 256x256 pairs) and costs 0.85 ms per 256x256 RGB pair against
+level 1's 0.62 and zlib's 4.0 ms (figures in benchmarks/README.md).
 
-The bytes differ from zlib's at the same level, so the same conversion run with and
-without ``isal`` gives shards of other sha256s holding the same records. A conversion
-that must give zlib's bytes (the same sha256s whether or not ``isal`` is installed, or
-across ISA-L versions) chooses zlib: :func:`library` sets the choice for the calling
-thread, and the converter sets it from ``ConvertOptions.deflate_library``.
+ISA-L picks each level's code by the CPU's features (this was measured on AVX-512
+machines), and its bytes differ from zlib's at the same level: the same conversion on
+another CPU type, or with and without ``isal``, may give shards of other sha256s
+holding the same records. A conversion that must give the same bytes everywhere
+chooses zlib: :func:`library` sets the choice for the calling thread, and the
+converter sets it from ``ConvertOptions.deflate_library``.
 """
 
 from __future__ import annotations

@@ -209,7 +209,8 @@ def _squeeze_gray(pixels: np.ndarray) -> np.ndarray:
 
 ENCODINGS: dict[str, Encoding] = {
     # zlib level 1: on 256x256 RGB, level 3 was 0.7% smaller at 1.3x the time and level 6
-    # 3% smaller at 3.3x (zlib); inflating costs the same at every level.
+    # 3% smaller at 3.3x (zlib); inflating costs the same at every level. With ISA-L every
+    # level 1-9 is its level 3 (schemas/deflate.py), so the level matters for zlib only.
     "deflate": Encoding("deflate", _deflate, ("deflate",), "ZLIB", level=1),
     "raw": Encoding("raw", _raw, ("raw",), "BYTES"),
     "keep": Encoding("keep", _keep, ("png", "jpeg"), TFDS_IMAGE),
@@ -322,7 +323,8 @@ def _open_plain(path: Path) -> BinaryIO:
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
-# Level 1 for shards: several times faster than 6 for a few % more bytes (zlib).
+# Level 1 for shards: several times faster than 6 for a few % more bytes (zlib; ISA-L
+# writes every level 1-9 alike, see schemas/deflate.py).
 _SHARD_LEVEL = 1
 NO_COMPRESSION = "none"
 _ZLIB_LEVELS = {"levels": deflate.LEVELS, "default_level": _SHARD_LEVEL}
