@@ -25,10 +25,12 @@ difference in any run (4,500 addresses, 450 processes), compresses about as well
 larger than level 1 on 256x256 pairs) and costs 0.85 ms per 256x256 RGB pair against
 level 1's 0.62 and zlib's 4.0 ms (figures in benchmarks/README.md).
 
-ISA-L picks each level's code by the CPU's features (this was measured on AVX-512
-machines), and its bytes differ from zlib's at the same level: the same conversion on
-another CPU type, or with and without ``isal``, may give shards of other sha256s
-holding the same records. A conversion that must give the same bytes everywhere
+ISA-L picks each level's code by the CPU's features, and the bytes differ between
+them: forcing its AVX2 code in place of AVX-512's gave other level-3 bytes for 373 of
+400 inputs, its baseline code for all of them (``benchmarks/isal_cpu_paths.py``). Its
+bytes also differ from zlib's at the same level. So the same conversion on another CPU
+family, or with and without ``isal``, gives shards of other sha256s holding the same
+records. A conversion that must give the same bytes everywhere
 chooses zlib: :func:`library` sets the choice for the calling thread, and the
 converter sets it from ``ConvertOptions.deflate_library``.
 """
