@@ -1,10 +1,18 @@
-"""Helpers shared by the benchmark scripts: timing rows and peak RSS of a child process."""
+"""Helpers shared by the benchmark scripts: timing rows, peak RSS of a child process,
+synthetic pixels."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from tfshards.converters.synth import synth
 
 
 def peak_rss_of(code: str) -> dict:
@@ -34,3 +42,11 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def synthetic_pixels(count: int, size: int | tuple[int, int]) -> list[np.ndarray]:
+    """The image and mask pixels of ``count`` ``tfshards synth`` pairs, image then mask."""
+    with tempfile.TemporaryDirectory(prefix="tfshards-pixels-") as tmp:
+        images, masks = synth(Path(tmp), count=count, size=size)
+        pairs = zip(sorted(images.iterdir()), sorted(masks.iterdir()), strict=True)
+        return [np.ascontiguousarray(Image.open(f)) for pair in pairs for f in pair]

@@ -29,11 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from _common import markdown_table
+from _common import markdown_table, synthetic_pixels
 from isal import isal_zlib
-from PIL import Image
-
-from tfshards.converters.synth import synth
 
 COMPRESSORS = {
     "zlib 1": lambda data: zlib.compress(data, 1),
@@ -42,14 +39,6 @@ COMPRESSORS = {
     "ISA-L 3": lambda data: isal_zlib.compress(data, 3),
 }
 THREADS = 4
-
-
-def load_pairs(folder: Path, count: int, size: int | tuple[int, int]) -> list[np.ndarray]:
-    images, masks = synth(folder, count=count, size=size)
-    arrays = []
-    for image, mask in zip(sorted(images.iterdir()), sorted(masks.iterdir()), strict=True):
-        arrays += [np.asarray(Image.open(image)), np.asarray(Image.open(mask))]
-    return [np.ascontiguousarray(a) for a in arrays]
 
 
 def speed(arrays: list[np.ndarray], passes: int) -> dict[str, tuple[list[float], float]]:
@@ -133,8 +122,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30, help="per process (default 30)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tfshards-levels-") as tmp:
-        timed = speed(load_pairs(Path(tmp, "speed"), args.count, args.size), args.passes)
-        small = load_pairs(Path(tmp, "small"), 240, (24, 32))
+        timed = speed(synthetic_pixels(args.count, args.size), args.passes)
+        small = synthetic_pixels(240, (24, 32))
         repeated = reproducibility(small, args.processes, args.rounds, Path(tmp))
     rows = [
         {

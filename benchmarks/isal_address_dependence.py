@@ -22,16 +22,11 @@ import argparse
 import ctypes
 import mmap
 import random
-import tempfile
 import zlib
 from collections import Counter
-from pathlib import Path
 
-import numpy as np
+from _common import synthetic_pixels
 from isal import isal_zlib
-from PIL import Image
-
-from tfshards.converters.synth import synth
 
 STATE_BYTES = 1 << 17  # struct isal_zstate is about 82 KB in ISA-L 2.32
 LEVEL_BUFFER = 1 << 21  # at least every level's default size
@@ -84,13 +79,6 @@ class Deflater:
         return self.out.raw[: stream.total_out]
 
 
-def inputs(pairs: int) -> list[bytes]:
-    with tempfile.TemporaryDirectory(prefix="tfshards-isal-") as tmp:
-        images, masks = synth(Path(tmp), count=pairs, size=(24, 32))
-        files = sorted(images.iterdir()) + sorted(masks.iterdir())
-        return [np.asarray(Image.open(f)).tobytes() for f in files]
-
-
 class ZeroedRegion:
     """A large anonymous mapping whose pages read as zeros until written; each use is
     handed back to the kernel afterwards, so the next one starts from zeros again."""
@@ -139,7 +127,8 @@ def main() -> None:
     parser.add_argument("--levels", default="1,2,3", help="ISA-L levels (default 1,2,3)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    data, deflater, region = inputs(args.pairs), Deflater(), ZeroedRegion(args.seed)
+    data = [a.tobytes() for a in synthetic_pixels(args.pairs, (24, 32))]
+    deflater, region = Deflater(), ZeroedRegion(args.seed)
     check_layout(deflater, data, region)
     for level in (int(x) for x in args.levels.split(",")):
         found = [streams_at(deflater, data, level, region) for _ in range(args.positions)]

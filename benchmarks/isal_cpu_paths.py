@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import subprocess
-import tempfile
 import zlib
-from pathlib import Path
 
-import numpy as np
+from _common import synthetic_pixels
 from isal import isal_zlib
-from PIL import Image
-
-from tfshards.converters.synth import synth
 
 HELPERS = ("gen_icf_map_lh1", "set_long_icf_fg", "encode_deflate_icf")
 CHOICES = {
@@ -64,16 +59,6 @@ class Dispatch:
         return self.base + self.symbols[name]
 
 
-def inputs(pairs: int) -> list[bytes]:
-    data = []
-    with tempfile.TemporaryDirectory(prefix="tfshards-isal-") as tmp:
-        for size in ((24, 32), (256, 256)):
-            images, masks = synth(Path(tmp, str(size[0])), count=pairs, size=size)
-            for path in sorted(images.iterdir()) + sorted(masks.iterdir()):
-                data.append(np.asarray(Image.open(path)).tobytes())
-    return data
-
-
 def streams(data: list[bytes]) -> list[bytes]:
     """Level-3 streams of every input, each checked to inflate to its input."""
     found = [isal_zlib.compress(item, 3) for item in data]
@@ -85,7 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100, help="per size (default 100)")
     args = parser.parse_args()
-    data, dispatch = inputs(args.pairs), Dispatch()
+    sizes = ((24, 32), (256, 256))
+    data = [a.tobytes() for size in sizes for a in synthetic_pixels(args.pairs, size)]
+    dispatch = Dispatch()
     native = streams(data)  # also makes ISA-L resolve its pointers for this CPU
     names = {name for swap in CHOICES.values() for name in swap}
     saved = {name: dispatch.pointer(name).value for name in names}

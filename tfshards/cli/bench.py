@@ -99,8 +99,8 @@ def run_bench(args: argparse.Namespace) -> int:
 def _source(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     if args.images and (storage.is_url(args.images) or storage.is_url(args.masks)):
         options = storage.parse_options(args.storage_option)
-        return tuple(_copied(args, url, work / "inputs" / name, options)
-                     for name, url in (("images", args.images), ("masks", args.masks)))  # fmt: skip
+        images = _copied(args, args.images, work / "inputs" / "images", options)
+        return images, _copied(args, args.masks, work / "inputs" / "masks", options)
     if args.images:
         return Path(args.images), Path(args.masks)
     from tfshards.converters.synth import synth

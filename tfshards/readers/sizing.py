@@ -99,12 +99,16 @@ def _padded(image, mask, height: int, width: int, fill_label: int, *, at_least: 
     """Pad bottom and right to (height, width); larger pairs are an error unless at_least."""
     shape = tf.shape(image)[:2]
     if not at_least:
-        tf.debugging.assert_less_equal(
+        # The check must run before the shapes are fixed below, or a too-large record
+        # fails there first, with tf.ensure_shape's message instead of this one.
+        checked = tf.debugging.assert_less_equal(
             shape,
             tf.constant([height, width]),
             message=f"a record is larger than pad_to=({height}, {width}); pass a larger "
             "pad_to, or batch_size=1 to read records at their own size",
         )
+        with tf.control_dependencies([checked]):
+            shape = tf.identity(shape)
     extra = tf.maximum(tf.constant([height, width]) - shape, 0)
     paddings = [[0, extra[0]], [0, extra[1]], [0, 0]]
     image = tf.pad(image, paddings)

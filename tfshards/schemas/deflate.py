@@ -30,9 +30,9 @@ them: forcing its AVX2 code in place of AVX-512's gave other level-3 bytes for 3
 400 inputs, its baseline code for all of them (``benchmarks/isal_cpu_paths.py``). Its
 bytes also differ from zlib's at the same level. So the same conversion on another CPU
 family, or with and without ``isal``, gives shards of other sha256s holding the same
-records. A conversion that must give the same bytes everywhere
-chooses zlib: :func:`library` sets the choice for the calling thread, and the
-converter sets it from ``ConvertOptions.deflate_library``.
+records. A conversion that must give the same bytes everywhere chooses zlib:
+:func:`library` sets the choice for the calling thread, and the converter sets it from
+``ConvertOptions.deflate_library``.
 """
 
 from __future__ import annotations
