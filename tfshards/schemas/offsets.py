@@ -1,0 +1,137 @@
+"""Random access into uncompressed TFRecord shards: where each record starts, and one
+record read by its offset with both CRCs checked.
+
+TFRecord has no index of its own. A shard's offsets come from its ``.idx`` file
+(``convert --index``: ``<offset> <length>`` per record, the format of DALI's
+``tfrecord2idx``) or from a scan of its record headers: 12 bytes read per record and
+the data skipped by seeking, so a scan reads a few hundred bytes per MB of shard.
+Scanned offsets are kept in the user cache folder, keyed by the shard's sha256, never
+written into the dataset (which may be read-only, or shared).
+
+Compressed (gzip/zlib) shards have no offsets into their bytes; the readers inflate
+them first (see ``readers/record_files.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tfshards.schemas.format import index_path
+from tfshards.schemas.tfrecord import RecordError, masked_crc32c
+
+HEADER_BYTES = 12  # uint64 length, uint32 masked CRC of the length
+FOOTER_BYTES = 4  # uint32 masked CRC of the data
+
+
+@dataclass(frozen=True)
+class RecordOffsets:
+    """Start and framed length (header + data + footer) of every record of one shard."""
+
+    starts: np.ndarray  # int64 [records]
+    lengths: np.ndarray  # int64 [records]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @classmethod
+    def from_starts(cls, starts: np.ndarray, file_bytes: int) -> RecordOffsets:
+        starts = np.asarray(starts, np.int64)
+        ends = np.append(starts[1:], np.int64(file_bytes))
+        return cls(starts, ends - starts)
+
+
+def load_index(path: Path, file_bytes: int) -> RecordOffsets:
+    """Offsets from an ``.idx`` file, checked against the shard's size."""
+    try:
+        table = np.loadtxt(path, dtype=np.int64, ndmin=2)
+    except ValueError as exc:
+        raise RecordError(f"{path}: not an index file ('<offset> <length>' lines): {exc}") from exc
+    if table.size == 0:
+        return RecordOffsets(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    starts, lengths = table[:, 0], table[:, 1]
+    if starts[0] != 0 or np.any(starts[1:] != starts[:-1] + lengths[:-1]):
+        raise RecordError(f"{path}: offsets do not follow one another; the index is damaged")
+    if starts[-1] + lengths[-1] != file_bytes:
+        raise RecordError(
+            f"{path}: the index ends at byte {starts[-1] + lengths[-1]} but its shard has "
+            f"{file_bytes} bytes; the index belongs to another version of the shard"
+        )
+    return RecordOffsets(starts, lengths)
+
+
+def scan_offsets(path: Path) -> RecordOffsets:
+    """Offsets found by reading each record's header and seeking past its data."""
+    starts: list[int] = []
+    with open(path, "rb", buffering=0) as stream:
+        size = os.fstat(stream.fileno()).st_size
+        position = 0
+        while position < size:
+            header = os.pread(stream.fileno(), HEADER_BYTES, position)
+            length = _checked_length(header, path, len(starts))
+            starts.append(position)
+            position += HEADER_BYTES + length + FOOTER_BYTES
+        if position != size:
+            raise RecordError(f"{path}: record {len(starts) - 1} is truncated")
+    return RecordOffsets.from_starts(np.array(starts, np.int64), size)
+
+
+def shard_offsets(path: Path, sha256: str, file_bytes: int, keep_in: Path | None) -> RecordOffsets:
+    """The offsets of one uncompressed shard: its ``.idx``, kept offsets, or a scan
+    (kept under ``keep_in`` when given, as ``<sha256>.npy``)."""
+    index = index_path(path)
+    if index.is_file():
+        return load_index(index, file_bytes)
+    kept = keep_in / f"{sha256}.npy" if keep_in is not None else None
+    if kept is not None and kept.is_file():
+        try:
+            return RecordOffsets.from_starts(np.load(kept), file_bytes)
+        except (OSError, ValueError):
+            pass  # damaged: scan again and replace it
+    offsets = scan_offsets(path)
+    if kept is not None:
+        _keep(kept, offsets.starts)
+    return offsets
+
+
+def read_record(fd: int, start: int, length: int, where: str) -> bytes:
+    """The data of the record framed at ``start`` (``length`` bytes in all), CRCs checked.
+
+    ``where`` names the record in errors (shard file and record number)."""
+    framed = os.pread(fd, int(length), int(start))
+    if len(framed) != length:
+        raise RecordError(f"{where}: truncated ({len(framed)} of {length} bytes)")
+    data_length = _checked_length(framed[:HEADER_BYTES], where, None)
+    if data_length != length - HEADER_BYTES - FOOTER_BYTES:
+        raise RecordError(f"{where}: its header says {data_length} bytes, its offsets disagree")
+    data = framed[HEADER_BYTES:-FOOTER_BYTES]
+    (crc,) = struct.unpack("<I", framed[-FOOTER_BYTES:])
+    if crc != masked_crc32c(data):
+        raise RecordError(f"{where}: data CRC mismatch (corrupt bytes)")
+    return data
+
+
+def _checked_length(header: bytes, where: object, index: int | None) -> int:
+    at = f"{where}" if index is None else f"{where}: record {index}"
+    if len(header) < HEADER_BYTES:
+        raise RecordError(f"{at}: truncated header ({len(header)} of {HEADER_BYTES} bytes)")
+    (length,) = struct.unpack("<Q", header[:8])
+    if struct.unpack("<I", header[8:HEADER_BYTES])[0] != masked_crc32c(header[:8]):
+        raise RecordError(f"{at}: length CRC mismatch (corrupt header)")
+    return length
+
+
+def _keep(path: Path, starts: np.ndarray) -> None:
+    """Write atomically; a cache folder that cannot be written only costs a rescan."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as out:
+            np.save(out, starts)
+        os.replace(tmp, path)
+    except OSError:
+        pass
