@@ -40,3 +40,7 @@ class ManifestError(TfshardsError):
 class StorageError(TfshardsError, OSError):
     """A file or object cannot be read or written (names the location and the cause, never
     the credentials)."""
+
+
+class DatasetChangedError(TfshardsError):
+    """A shard changed on disk while a reader was reading it (e.g. ``convert --overwrite``)."""
