@@ -34,10 +34,10 @@ from tfshards.readers.options import (
     ReadOptions,
     ordering,
 )
-from tfshards.readers.shard_cache import shard_cache_key
 from tfshards.readers.shards import SplitShards, split_shards
 from tfshards.readers.sizing import Sizing
 from tfshards.schemas.format import compression
+from tfshards.sources.shard_cache import shard_cache_key
 
 Finish = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 Shape = tuple[int | None, int | None, int]
