@@ -25,6 +25,8 @@ __version__ = "0.1.0"
 # The reader needs TensorFlow, which takes seconds to import; the converter and
 # its worker processes do not, so the reader is imported on first use.
 _READER_NAMES = ("read", "ReadOptions", "list_caches", "clear_caches")
+# Random access by index needs no TensorFlow (PyTorch, Grain): imported on first use too.
+_SOURCE_NAMES = ("Pairs", "PairDecodeError", "torch_pair")
 
 
 def __getattr__(name: str):
@@ -32,6 +34,10 @@ def __getattr__(name: str):
         from tfshards import readers
 
         return getattr(readers, name)
+    if name in _SOURCE_NAMES:
+        from tfshards import sources
+
+        return getattr(sources, name)
     raise AttributeError(f"module 'tfshards' has no attribute {name!r}")
 
 
@@ -42,8 +48,10 @@ __all__ = [
     "ManifestError",
     "OptionsError",
     "OutputError",
+    "PairDecodeError",
     "PairError",
     "PairingError",
+    "Pairs",
     "ReadOptions",
     "TfshardsError",
     "VerifyReport",
@@ -56,5 +64,6 @@ __all__ = [
     "pair_files",
     "read",
     "synth",
+    "torch_pair",
     "verify",
 ]
