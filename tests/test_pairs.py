@@ -178,3 +178,20 @@ def test_importing_tfshards_and_reading_pairs_imports_no_tensorflow(tmp_path: Pa
         [sys.executable, "-c", program], capture_output=True, text=True, env=env, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_install_without_tensorflow_lists_every_other_dependency() -> None:
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    needed = {
+        Requirement(r).name
+        for r in requires("tfshards")
+        if "extra ==" not in r and Requirement(r).name != "tensorflow"
+    }
+    command = "pip install numpy pillow tqdm google-crc32c isal fsspec"
+    assert set(command.split()[2:]) == needed
+    assert command in (ROOT / "docs" / "frameworks.md").read_text()
+    in_ci = command.replace("pip install", "python -m pip install --quiet")
+    assert in_ci in (ROOT / ".ci" / "run").read_text()

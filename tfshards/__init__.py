@@ -31,9 +31,19 @@ _SOURCE_NAMES = ("Pairs", "PairDecodeError", "torch_pair")
 
 def __getattr__(name: str):
     if name in _READER_NAMES:
-        from tfshards import readers
+        try:
+            from tfshards import readers
 
-        return getattr(readers, name)
+            return getattr(readers, name)
+        except ModuleNotFoundError as exc:
+            if exc.name != "tensorflow":
+                raise
+            raise ModuleNotFoundError(
+                f"tfshards.{name} needs TensorFlow, which is not installed (pip install "
+                "tensorflow); without it, tfshards.Pairs reads pairs by index "
+                "(docs/frameworks.md)",
+                name="tensorflow",
+            ) from exc
     if name in _SOURCE_NAMES:
         from tfshards import sources
 

@@ -118,7 +118,11 @@ class Pairs:
             shard, local = (int(n[0]) for n in self.records.locate(np.array([index])))
             where = storage.display(self.records.shards.paths[shard])
             raise PairDecodeError(f"{where}: record {local} (pair {index}): {exc}") from exc
-        return record.image, record.mask[:, :, None], record.key
+        # Raw and deflate pixels are views of read-only bytes: copied, as a DataLoader
+        # user may augment in place (and torch warns about read-only arrays).
+        image = record.image if record.image.flags.writeable else record.image.copy()
+        mask = record.mask if record.mask.flags.writeable else record.mask.copy()
+        return image, mask[:, :, None], record.key
 
     def _finish(self, pair: tuple[np.ndarray, np.ndarray, str]) -> tuple:
         image, mask, key = pair
