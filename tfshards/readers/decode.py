@@ -44,6 +44,10 @@ class PairDecoder:
         mask = self.mask.tf_decode(features["mask/encoded"], height, width, 1)
         return image, mask
 
+    def parse_sized(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+        """[B] serialized records -> their pixel fields and sizes, for ``decode_one``."""
+        return tf.io.parse_example(serialized, _spec(_PIXELS + _SIZE))
+
     def decode_one(self, features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         """One parsed record -> uint8 pair, resized to ``shape`` when it differs."""
         height, width, channels = self.shape

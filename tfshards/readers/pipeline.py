@@ -18,10 +18,15 @@ import tensorflow as tf
 if TYPE_CHECKING:
     import keras
 
+from tfshards.errors import OptionsError
 from tfshards.readers import stages
+from tfshards.readers.cache import DiskCache, default_cache_root
+from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
 from tfshards.readers.options import ReadOptions
+from tfshards.readers.ordered import ordered_dataset
 from tfshards.readers.plan import plan_read
+from tfshards.readers.resume import ReadState
 from tfshards.readers.source import shard_records
 
 STAGES = (
@@ -57,6 +62,7 @@ def read(
     input_context: tf.distribute.InputContext | None = None,
     service: str | None = None,
     options: ReadOptions | None = None,
+    start: tuple[int, int] | ReadState | None = None,
 ) -> tf.data.Dataset:
     """Stream ``(image, mask)`` batches of one split of a converted dataset.
 
@@ -102,7 +108,26 @@ def read(
         service=service,
         options=options,
     )
+    if plan.ordered:
+        return stages.budgeted(ordered_dataset(plan, start, pair_store(plan)), plan)
+    if start is not None:
+        raise OptionsError(
+            f"start= needs a read by index, and this one cannot be: {plan.unordered}"
+        )
     dataset = shard_records(plan)
     for stage in STAGES:
         dataset = stage(dataset, plan)
     return dataset
+
+
+def pair_store(plan) -> PairStore | None:
+    """The ordered path's cache: decoded pairs in RAM, on disk, or none."""
+    shards, shape = plan.shards, plan.shape
+    if plan.cache.kind == "memory":
+        return PairStore(shards.records, shape)
+    if plan.cache.kind != "disk":
+        return None
+    root = plan.cache.root or default_cache_root(shards.root)
+    cache = DiskCache.for_split(root, shards, shape, (0, 1))
+    cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
+    return PairStore(shards.records, shape, cache, unchanged=plan.records.check_unchanged)

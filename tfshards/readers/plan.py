@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
@@ -34,10 +35,12 @@ from tfshards.readers.options import (
     ReadOptions,
     ordering,
 )
+from tfshards.readers.order import group_shards
 from tfshards.readers.shard_cache import shard_cache_key
 from tfshards.readers.shards import SplitShards, split_shards
 from tfshards.readers.sizing import Sizing
 from tfshards.schemas.format import compression
+from tfshards.sources.records import SplitRecords
 
 Finish = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 Shape = tuple[int | None, int | None, int]
@@ -106,6 +109,15 @@ class ReadPlan:
     repeat: bool
     downloads: Downloads | None = None  # None: local shards, read where they are
     ram_budget: int | None = None  # bytes for tf.data's autotuned buffers; None: its default
+    order_seed: int = 0  # the ordered path's seed: ``seed``, or drawn for this read() call
+    unordered: str | None = None  # why the ordered path does not apply; None: it does
+    records: SplitRecords | None = None  # the split's records by index (ordered path)
+    group_shards: int = 1  # shards whose records one epoch mixes together (order.py)
+
+    @property
+    def ordered(self) -> bool:
+        """Batches are a function of (seed, epoch, batch), read by index (ordered.py)."""
+        return self.unordered is None
 
     @property
     def shape(self) -> Shape:
@@ -150,11 +162,18 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     if (context := a["input_context"]) is not None:
         pipeline = (context.input_pipeline_id, context.num_input_pipelines)
         batch_size = context.get_per_replica_batch_size(batch_size)
-    shards = split_shards(
-        path, a["split"], pipeline=pipeline, storage_options=options.storage_options
-    )
+    shards = split_shards(path, a["split"], storage_options=options.storage_options)
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
+    unordered = _unordered_because(shards, shape, sizing, a["service"])
+    if unordered and pipeline[1] > 1:  # these paths share the shards out by file
+        shards = split_shards(
+            path,
+            a["split"],
+            pipeline=pipeline,
+            manifest=shards.manifest,
+            storage_options=options.storage_options,
+        )
     kept = cache.kind != "none" or bool(a["service"])
     order = ordering(shards, options, shuffle=shuffle, seed=a["seed"], cached=kept)
     downloads = _downloads(shards, options, order.cycle_length) if shards.remote else None
@@ -170,12 +189,38 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"]),
         options=options,
         seed=a["seed"],
+        order_seed=_resolved_seed(a["seed"]),
         pipeline=pipeline,
         service=a["service"],
         repeat=a["repeat"],
         downloads=downloads,
         ram_budget=autotune_ram_budget(),
+        unordered=unordered,
+        records=None if unordered else SplitRecords(shards),
+        group_shards=group_shards([s.bytes for s in shards.shards], options.cycle_length),
     )
+
+
+def _unordered_because(
+    shards: SplitShards, shape: Shape, sizing: Sizing, service: str | None
+) -> str | None:
+    """Why a read cannot take the ordered path (read by index, resumable); None if it can."""
+    if service is not None:
+        return "the tf.data service decides the order on its workers"
+    if shape[0] is None or sizing.active:
+        return "records of many sizes are cropped or padded one pair at a time"
+    if shards.remote:
+        return "the dataset is at a URL"
+    if compression(shards.manifest.compression.type).compressed:
+        return "the shards are gzip/zlib-compressed"
+    return None
+
+
+def _resolved_seed(seed: int | None) -> int:
+    """The order's seed: the one given, or one drawn for this read() call."""
+    if seed is not None:
+        return int(seed)
+    return int(np.random.SeedSequence().entropy % 2**63)
 
 
 def _downloads(shards: SplitShards, options: ReadOptions, cycle_length: int) -> Downloads:

@@ -127,6 +127,16 @@ class SplitRecords:
             os.close(self._files.popitem(last=False)[1])
         return fd
 
+    def check_unchanged(self) -> None:
+        """Raise DatasetChangedError if any shard file is not the one opened at the start."""
+        for path, identity in zip(self.shards.paths, self.identities, strict=True):
+            try:
+                now = _identity(os.stat(path))
+            except FileNotFoundError:
+                raise _changed(path, "it is gone") from None
+            if now != identity:
+                raise _changed(path, "another file now has its name")
+
     def close(self) -> None:
         with self._lock:
             if self._pid == os.getpid():

@@ -38,7 +38,9 @@ from tfshards.readers.cache.layouts import CACHE_PARTS, PartLayout, Shape, layou
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import CACHE_DIR_NAME
 
-CACHE_FORMAT = 2
+# 3: fixed-size entries are two flat files read by index (store.py); entries of older
+# formats, including any built by a pass that overlapped `convert --overwrite`, are not read.
+CACHE_FORMAT = 3
 INFO_FILE = "info.json"
 READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"
@@ -120,8 +122,12 @@ class DiskCache:
         return self.folder / name
 
     def is_ready(self) -> bool:
-        """True when the ready folder holds every part at its full size."""
+        """True when the ready folder holds every file at its full size."""
         layout = self.layout
+        if self.info.shape[0] is not None:
+            from tfshards.readers.cache.store import flat_ready
+
+            return flat_ready(self.ready, self.info.records, self.info.shape)
         for index in range(CACHE_PARTS):
             count = part_count(self.info.records, index)
             for kind in layout.kinds:
