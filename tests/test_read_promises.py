@@ -60,3 +60,72 @@ def test_pad_to_smaller_than_fixed_size_records_says_so_at_read(small):
         tfshards.read(small, pad_to=(8, 12))
     images, _ = next(iter(tfshards.read(small, pad_to=(20, 12), batch_size=2)))
     assert images.shape == (2, 20, 12, 3)
+
+
+def _flipped_or_same(batch: np.ndarray, plain: np.ndarray) -> list[bool]:
+    """For each element: True when mirrored left-right, False when unchanged; else fails."""
+    out = []
+    for moved, original in zip(batch, plain, strict=True):
+        assert np.array_equal(moved, original) or np.array_equal(moved, original[:, ::-1])
+        out.append(not np.array_equal(moved, original))
+    return out
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_uint8_asked_is_uint8_delivered_through_a_keras_layer(small, sequential):
+    import keras
+
+    flip = keras.layers.RandomFlip("horizontal", seed=1)
+    layer = keras.Sequential([flip]) if sequential else flip
+    plain = tfshards.read(small, batch_size=8, shuffle=False, image_dtype="uint8")
+    moved = tfshards.read(small, batch_size=8, shuffle=False, image_dtype="uint8", augment=layer)
+    assert moved.element_spec[0].dtype == tf.uint8
+    (images, masks), (moved_images, moved_masks) = next(iter(plain)), next(iter(moved))
+    assert moved_images.dtype == tf.uint8 and moved_masks.dtype == tf.int32
+    flipped = _flipped_or_same(moved_images.numpy(), images.numpy())
+    assert flipped == _flipped_or_same(moved_masks.numpy(), masks.numpy())
+    assert any(flipped) and not all(flipped), flipped
+
+
+JAX_SCRIPT = """
+import sys
+import keras, numpy as np
+import tfshards
+assert keras.backend.backend() == "jax", keras.backend.backend()
+shards = sys.argv[1]
+augment = keras.Sequential([keras.layers.RandomFlip("horizontal", seed=1)])
+train = tfshards.read(shards, batch_size=4, seed=0, augment=augment)
+images, masks = next(iter(train))
+assert images.shape == (4, 16, 12, 3) and masks.shape == (4, 16, 12, 1), images.shape
+inputs = keras.Input((16, 12, 3))
+model = keras.Model(inputs, keras.layers.Conv2D(3, 1, activation="softmax")(inputs))
+model.compile("adam", "sparse_categorical_crossentropy")
+model.fit(train, epochs=1, verbose=0)
+functional = keras.Model(inputs, keras.layers.RandomFlip(seed=1)(inputs))
+try:
+    tfshards.read(shards, augment=functional)
+except tfshards.OptionsError as exc:
+    print("refused:", exc)
+print("fit ok")
+"""
+
+
+def test_a_keras_sequential_augments_under_the_jax_backend(small):
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run(
+        [sys.executable, "-c", JAX_SCRIPT, str(small)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "fit ok" in run.stdout
+    assert "refused: augment=Functional (a keras.Model) cannot run inside tf.data on the jax" in (
+        run.stdout
+    )
+    assert "keras.layers.Pipeline" in run.stdout

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from tfshards.errors import OptionsError
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import Encoding, image_encoding, mask_encoding
 from tfshards.schemas.record import tf_feature_spec
@@ -164,22 +165,55 @@ def is_keras_layer(augment) -> bool:
     return isinstance(augment, keras.layers.Layer)
 
 
-def layer_augmenter(layer, shards: SplitShards, one_hot: bool):
+def layer_augmenter(layer, shards: SplitShards, one_hot: bool, image_dtype: str = "float32"):
     """Finished batches -> the same through a Keras augmentation layer, then one-hot.
 
     Keras 3 augmentation layers transform ``segmentation_masks`` with the images
     (flips, rotations, zooms, crops; masks with nearest-neighbour interpolation)
-    and leave masks alone for photometric changes.
+    and leave masks alone for photometric changes. Layers compute in floats: with
+    ``image_dtype="uint8"`` their images are rounded, clipped to 0..255 and cast back,
+    so the dtype asked for is the dtype delivered. A ``keras.Sequential`` runs as a
+    ``keras.layers.Pipeline`` of its layers, which stays in tf.data on every backend.
     """
     encode = one_hot_encoder(shards) if one_hot else None
+    layer = as_pipeline(layer)
 
     def augment(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         out = layer({"images": image, "segmentation_masks": mask}, training=True)
         image, moved = out["images"], out["segmentation_masks"]
         mask = tf.cast(tf.round(moved) if moved.dtype.is_floating else moved, mask.dtype)
+        if image_dtype == "uint8" and image.dtype != tf.uint8:
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
         return image, mask if encode is None else encode(mask)
 
     return augment
+
+
+def as_pipeline(layer):
+    """A Keras layer that runs inside tf.data on any backend.
+
+    A ``keras.Sequential`` is a Model: on JAX or PyTorch it converts its symbolic tf.data
+    inputs to that backend's arrays and fails ("Cannot convert a symbolic tf.Tensor").
+    Its layers, run one after the other as a ``keras.layers.Pipeline``, do what it does
+    and stay in tf.data. Other models are refused on those backends, naming the way out.
+    """
+    import keras
+
+    if isinstance(layer, keras.Sequential):
+        return keras.layers.Pipeline([as_pipeline(inner) for inner in _sequence_of(layer)])
+    if isinstance(layer, keras.Model) and keras.backend.backend() != "tensorflow":
+        raise OptionsError(
+            f"augment={type(layer).__name__} (a keras.Model) cannot run inside tf.data on "
+            f"the {keras.backend.backend()} backend; pass the augmentation layers as "
+            "keras.layers.Pipeline([...]) (or keras.Sequential([...]))"
+        )
+    return layer
+
+
+def _sequence_of(model) -> list:
+    import keras
+
+    return [inner for inner in model.layers if not isinstance(inner, keras.layers.InputLayer)]
 
 
 def to_float_image(image: tf.Tensor) -> tf.Tensor:

@@ -211,7 +211,7 @@ def _finishing(
 ) -> Finishing:
     """A Keras layer runs on whole finished batches (then one-hot); a function per pair."""
     if is_keras_layer(augment):
-        layer = layer_augmenter(augment, shards, one_hot)
+        layer = layer_augmenter(augment, shards, one_hot, image_dtype)
         return Finishing(finisher(shards, image_dtype, None, False), False, layer)
     return Finishing(finisher(shards, image_dtype, augment, one_hot), augment is not None, None)
 
