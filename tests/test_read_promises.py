@@ -3,6 +3,7 @@ for, arguments checked by tfshards, manifests that agree with their records (iss
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -11,9 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import write_pairs
+from PIL import Image
 
 import tfshards
 from tfshards import OptionsError, convert
+from tfshards.checks.shard_io import shard_examples
+from tfshards.schemas.record import decode_record
 
 tf = pytest.importorskip("tensorflow")
 
@@ -129,3 +133,80 @@ def test_a_keras_sequential_augments_under_the_jax_backend(small):
         run.stdout
     )
     assert "keras.layers.Pipeline" in run.stdout
+
+
+def python_records(out: Path, split: str = "train") -> list:
+    """Every record of a split decoded by the pure-Python decoder (Pillow), in manifest order."""
+    manifest = tfshards.Manifest.load(out)
+    compression = manifest.compression.type
+    return [
+        (features, decode_record(features))
+        for shard in manifest.splits[split].shards
+        for features in shard_examples(out / shard.file, compression)
+    ]
+
+
+def assert_read_equals_python_decoder(out: Path) -> int:
+    """read()'s uint8 pixels against decode_record's, record by record; the records."""
+    expected = python_records(out)
+    got = tfshards.read(out, batch_size=5, shuffle=False, image_dtype="uint8")
+    pairs = [(i, m) for images, masks in got for i, m in zip(images.numpy(), masks.numpy())]
+    assert len(pairs) == len(expected)
+    for (image, mask), (features, record) in zip(pairs, expected, strict=True):
+        assert np.array_equal(image, record.image), (record.key, features["image/format"])
+        assert np.array_equal(mask[:, :, 0], record.mask), (record.key, features["mask/format"])
+    return len(expected)
+
+
+def jpeg_masks(masks: Path, classes: int = 4) -> None:
+    """Replace each PNG mask by a grayscale JPEG whose labels (as Pillow decodes them) stay
+    below ``classes``, with edges where JPEG decoders round differently."""
+    for path in sorted(masks.glob("*.png")):
+        labels = np.asarray(Image.open(path))
+        height, width = labels.shape
+        ramp = (np.arange(width)[None, :] * classes // width + np.arange(height)[:, None] % 2) % 4
+        for quality in (95, 90, 85, 80, 75, 60):
+            buffer = io.BytesIO()
+            Image.fromarray(ramp.astype(np.uint8)).save(buffer, format="JPEG", quality=quality)
+            if np.asarray(Image.open(buffer)).max() < classes:
+                break
+        else:
+            raise AssertionError("no JPEG quality keeps the labels below the class count")
+        path.with_suffix(".jpg").write_bytes(buffer.getvalue())
+        path.unlink()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "image_format", "channels"),
+    [
+        ("raw", "png", 3),
+        ("deflate", "png", 1),
+        ("png", "jpeg", 3),
+        ("jpeg", "png", 3),
+        ("jpeg", "png", 1),
+        ("keep", "png", 3),
+        ("keep", "jpeg", 3),
+        ("keep", "jpeg", 1),
+    ],
+)
+def test_read_gives_the_pixels_the_python_decoder_gives(tmp_path, encoding, image_format, channels):
+    images, masks = write_pairs(
+        tmp_path / "data", 12, size=(37, 41), channels=channels, image_format=image_format
+    )
+    out = tmp_path / "out"
+    convert(images, masks, out, encoding=encoding, num_shards=2, workers=1, progress=False)
+    assert assert_read_equals_python_decoder(out) == 12
+
+
+def test_jpeg_masks_are_stored_as_png_of_the_labels_validated(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 10, size=(40, 40), image_format="jpeg")
+    jpeg_masks(masks)
+    sources = {p.stem: np.asarray(Image.open(p)) for p in masks.glob("*.jpg")}
+    out = tmp_path / "out"
+    convert(images, masks, out, encoding="keep", num_classes=4, workers=1, progress=False)
+    records = python_records(out)
+    assert {features["mask/format"] for features, _ in records} == {b"png"}
+    assert {features["image/format"] for features, _ in records} == {b"jpeg"}  # kept
+    for _, record in records:
+        assert np.array_equal(record.mask, sources[record.key]), record.key
+    assert assert_read_equals_python_decoder(out) == 10
