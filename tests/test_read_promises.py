@@ -150,7 +150,9 @@ def assert_read_equals_python_decoder(out: Path) -> int:
     """read()'s uint8 pixels against decode_record's, record by record; the records."""
     expected = python_records(out)
     got = tfshards.read(out, batch_size=5, shuffle=False, image_dtype="uint8")
-    pairs = [(i, m) for images, masks in got for i, m in zip(images.numpy(), masks.numpy())]
+    pairs = [
+        (i, m) for images, masks in got for i, m in zip(images.numpy(), masks.numpy(), strict=True)
+    ]
     assert len(pairs) == len(expected)
     for (image, mask), (features, record) in zip(pairs, expected, strict=True):
         assert np.array_equal(image, record.image), (record.key, features["image/format"])
@@ -210,3 +212,87 @@ def test_jpeg_masks_are_stored_as_png_of_the_labels_validated(tmp_path):
     for _, record in records:
         assert np.array_equal(record.mask, sources[record.key]), record.key
     assert assert_read_equals_python_decoder(out) == 10
+
+
+@pytest.fixture(scope="module")
+def square(tmp_path_factory) -> dict[str, Path]:
+    """32x32 RGB datasets, deflate (decoded a batch at a time) and PNG (one at a time)."""
+    root = tmp_path_factory.mktemp("square")
+    images, masks = write_pairs(root / "data", 16, size=(32, 32))
+    out = {}
+    for encoding in ("deflate", "png"):
+        out[encoding] = root / encoding
+        convert(images, masks, out[encoding], encoding=encoding, num_shards=2, workers=1,
+                progress=False)  # fmt: skip
+    return out
+
+
+def edited_copy(dataset: Path, target: Path, edit) -> Path:
+    shutil.copytree(dataset, target, ignore=shutil.ignore_patterns(".tfshards-cache"))
+    body = json.loads((target / "tfshards.json").read_text())
+    edit(body)
+    (target / "tfshards.json").write_text(json.dumps(body))
+    return target
+
+
+def _height(body):
+    body["image"]["height"] = 16
+
+
+def _channels(body):
+    body["image"]["channels"] = 1
+
+
+@pytest.mark.parametrize("encoding", ["deflate", "png"])
+@pytest.mark.parametrize("cache", [None, "memory"])
+@pytest.mark.parametrize(
+    ("edit", "says"), [(_height, r"it holds 32x32x3 \(HxWxC\) pixels, the manifest says 16x32"),
+                       (_channels, r"it holds 32x32x3 .*the manifest says 32x32 with 1 channels and masks 1")]
+)  # fmt: skip
+def test_a_manifest_that_disagrees_with_its_records_stops_the_read(
+    square, tmp_path, encoding, cache, edit, says
+):
+    edited = edited_copy(square[encoding], tmp_path / "edited", edit)
+    where = rf"{edited} \(split train\): record \d+ disagrees with the manifest: {says}"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=where):
+        for _ in tfshards.read(edited, batch_size=8, seed=0, image_dtype="uint8", cache=cache):
+            pytest.fail("a batch was delivered before the error")
+
+
+def _shard_counts(delta: int):
+    def edit(body):
+        split = body["splits"]["train"]
+        split["records"] += delta
+        split["shards"][0]["records"] += delta
+
+    return edit
+
+
+@pytest.mark.parametrize("encoding", ["deflate", "png"])
+def test_record_counts_other_than_the_manifests_stop_the_read_in_tfshards_words(
+    square, tmp_path, encoding
+):
+    more = edited_copy(square[encoding], tmp_path / "more", _shard_counts(5))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=rf"{more} \(split train\): the shards hold 16 records where its manifest lists 21",
+    ):
+        list(tfshards.read(more, batch_size=4, seed=0))
+    fewer = edited_copy(square[encoding], tmp_path / "fewer", _shard_counts(-5))
+    batches = []
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=rf"{fewer} \(split train\): the shards hold more than 11 records where its manifest",
+    ):
+        for batch in tfshards.read(fewer, batch_size=4, shuffle=False):
+            batches.append(batch)
+    assert len(batches) <= 3, "stopped at the first record past the count"
+
+
+def test_a_record_whose_byte_count_disagrees_with_its_size_is_refused():
+    from tfshards.schemas.format import PIXEL_FORMATS
+
+    decode = PIXEL_FORMATS["raw"].tf_decode
+    assert decode(tf.constant(bytes(24)), 2, 4, 3).shape == (2, 4, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"are 48 bytes where its size, 2x4x3"):
+        decode(tf.constant([bytes(48)]), 2, 4, 3)

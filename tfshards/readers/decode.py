@@ -20,17 +20,28 @@ from tfshards.schemas.record import tf_feature_spec
 AUTOTUNE = tf.data.AUTOTUNE
 Augment = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 _PIXELS = ("image/encoded", "mask/encoded")
-_SIZE = ("image/height", "image/width")
+# What each record says of itself, checked against the manifest on the way.
+_OWN = ("key", "image/height", "image/width", "image/channels", "mask/channels")
+_END = b""  # marks the end of an epoch's records (a serialized record is never empty)
 
 
 @dataclass(frozen=True)
 class PairDecoder:
-    """Serialized records -> uint8 (image, mask) of ``shape``, following the manifest."""
+    """Serialized records -> uint8 (image, mask) of ``shape``, following the manifest.
+
+    Every record's own height, width and channels are checked against the manifest
+    (and its pixels' byte count against them) before it is decoded, so a manifest that
+    disagrees with its records stops the read at the first such record, naming it;
+    with ``records`` set, so does a record count other than the manifest's.
+    """
 
     shape: tuple[int | None, int | None, int]  # (None, None, C): each record's own size
     stored: tuple[int, int, int] | None
     image: Encoding
     mask: Encoding
+    where: str = "this dataset"  # the dataset and split, for messages
+    records: int | None = None  # the records a pass must hold; None: not counted
+    channels: int | None = None  # the manifest's image channels (default: shape's)
 
     @property
     def whole_batches(self) -> bool:
@@ -39,7 +50,7 @@ class PairDecoder:
 
     def decode_batch(self, serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """[B] serialized records of ``shape`` -> uint8 [B, H, W, C] and [B, H, W, 1]."""
-        features = tf.io.parse_example(serialized, _spec(_PIXELS))
+        features = self.checked(tf.io.parse_example(serialized, _spec(_PIXELS + _OWN)))
         height, width, channels = self.shape
         image = self.image.tf_decode(features["image/encoded"], height, width, channels)
         mask = self.mask.tf_decode(features["mask/encoded"], height, width, 1)
@@ -47,10 +58,12 @@ class PairDecoder:
 
     def decode_one(self, features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         """One parsed record -> uint8 pair, resized to ``shape`` when it differs."""
+        features = self.checked(features)
         height, width, channels = self.shape
         h, w = features["image/height"], features["image/width"]
         image = self.image.tf_decode(features["image/encoded"], h, w, channels)
         mask = self.mask.tf_decode(features["mask/encoded"], h, w, 1)
+        image, mask = self._sized_as_recorded(features, image, mask)
         resize = height is not None and (self.stored is None or self.stored[:2] != (height, width))
         if resize:  # else each record keeps its own size (height and width are None)
             image = tf.image.resize(image, (height, width), method="bilinear", antialias=True)
@@ -58,14 +71,111 @@ class PairDecoder:
             mask = tf.image.resize(mask, (height, width), method="nearest")
         return tf.ensure_shape(image, self.shape), tf.ensure_shape(mask, (height, width, 1))
 
+    def checked(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The features (one record or a batch), once their sizes agree with the manifest."""
+        channels = self.channels or self.shape[2]
+        agree = [
+            tf.equal(features["image/channels"], channels),
+            tf.equal(features["mask/channels"], 1),
+        ]
+        if self.stored is not None:
+            agree += [
+                tf.equal(features["image/height"], self.stored[0]),
+                tf.equal(features["image/width"], self.stored[1]),
+            ]
+        good = tf.reduce_all(tf.stack(agree), axis=0)
+        first = tf.reshape(tf.where(tf.logical_not(tf.reshape(good, [-1]))), [-1])[:1]
 
-def pair_decoder(shards: SplitShards, shape: tuple[int, int, int]) -> PairDecoder:
+        def of_first(name: str) -> tf.Tensor:  # the first bad record's value of a feature
+            return tf.gather(tf.reshape(features[name], [-1]), first)
+
+        stored = "x".join(str(n) for n in self.stored[:2]) if self.stored else "any size"
+        message = _text(
+            f"{self.where}: record ", of_first("key"), " disagrees with the manifest: it "
+            "holds ", of_first("image/height"), "x", of_first("image/width"), "x",
+            of_first("image/channels"), f" (HxWxC) pixels, the manifest says {stored} with "
+            f"{channels} channels and masks 1 (this record: mask channels ",
+            of_first("mask/channels"), "); the manifest was edited or belongs to other shards: convert again, and run "
+            "`tfshards verify` on the dataset",
+        )  # fmt: skip
+        check = tf.debugging.Assert(tf.reduce_all(good), [message])
+        with tf.control_dependencies([check]):
+            return {name: tf.identity(value) for name, value in features.items()}
+
+    def _sized_as_recorded(self, features, image: tf.Tensor, mask: tf.Tensor):
+        """PNG/JPEG pixels of the height and width their record says, or an error."""
+        recorded = tf.stack([features["image/height"], features["image/width"]])
+        agree = tf.logical_and(
+            tf.reduce_all(tf.equal(tf.shape(image, tf.int64)[:2], recorded)),
+            tf.reduce_all(tf.equal(tf.shape(mask, tf.int64)[:2], recorded)),
+        )
+        image_size, mask_size = tf.shape(image)[:2], tf.shape(mask)[:2]
+        message = _text(
+            f"{self.where}: record ", features["key"], " says ", recorded[0], "x", recorded[1],
+            " (HxW) but its pixels decode to image ", image_size[0], "x", image_size[1],
+            " and mask ", mask_size[0], "x", mask_size[1],
+        )  # fmt: skip
+        check = tf.debugging.Assert(agree, [message])
+        with tf.control_dependencies([check]):
+            return tf.identity(image), tf.identity(mask)
+
+
+def _text(*parts: str | tf.Tensor) -> tf.Tensor:
+    """One string from text and tensors (numbers, strings, one-element vectors), for the
+    messages of checks that run inside the pipeline."""
+    strings = []
+    for part in parts:
+        if isinstance(part, str):
+            strings.append(part)
+            continue
+        if part.dtype != tf.string:
+            part = tf.strings.as_string(part)
+        strings.append(tf.strings.reduce_join(tf.reshape(part, [-1]), separator=","))
+    return tf.strings.join(strings)
+
+
+def pair_decoder(
+    shards: SplitShards, shape: tuple[int, int, int], *, counted: bool = True
+) -> PairDecoder:
+    """The decoder of a split's records; ``counted``: check each pass holds the manifest's
+    record count (not where a pass sees a part of them, as on tf.data service workers)."""
     manifest = shards.manifest
     return PairDecoder(
         shape,
         manifest.image_shape,
         image_encoding(manifest.image.encoding),
         mask_encoding(manifest.mask.encoding),
+        # No quotes: TensorFlow escapes them in the messages of checks.
+        where=f"{shards.root} (split {shards.split})",
+        records=shards.records if counted else None,
+        channels=manifest.image.channels,
+    )
+
+
+def counted_records(records: tf.data.Dataset, decoder: PairDecoder) -> tf.data.Dataset:
+    """The records of one pass, stopped with an error at the first record past the
+    manifest's count, or at the end of a pass that holds fewer."""
+    expected = decoder.records
+    if expected is None:
+        return records
+    where = decoder.where
+
+    def count(seen: tf.Tensor, record: tf.Tensor):
+        end = tf.equal(tf.strings.length(record), 0)
+        fine = tf.where(end, tf.equal(seen, expected), tf.less(seen, expected))
+        message = _text(
+            where, tf.where(end, ": the shards hold ", ": the shards hold more than "),
+            tf.where(end, seen, expected), f" records where its manifest lists {expected}; "
+            "a shard was replaced or the manifest edited: convert again, and run "
+            "`tfshards verify` on the dataset",
+        )  # fmt: skip
+        check = tf.debugging.Assert(fine, [message])
+        with tf.control_dependencies([check]):
+            return seen + 1, tf.identity(record)
+
+    ended = records.concatenate(tf.data.Dataset.from_tensors(tf.constant(_END)))
+    return ended.scan(tf.constant(0, tf.int64), count).filter(
+        lambda record: tf.strings.length(record) > 0
     )
 
 
@@ -78,6 +188,23 @@ def decoded_batches(
     deterministic: bool,
 ) -> tf.data.Dataset:
     """Serialized records (whole_batches only) -> uint8 batches, one decode op per batch."""
+    return _decoded_batches(
+        counted_records(records, decoder),
+        decoder,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        deterministic=deterministic,
+    )
+
+
+def _decoded_batches(
+    records: tf.data.Dataset,
+    decoder: PairDecoder,
+    *,
+    batch_size: int,
+    drop_remainder: bool,
+    deterministic: bool,
+) -> tf.data.Dataset:
     # A parallel batch: gathering 32 records of ~200 KB out of the shuffle buffer is a
     # copy from memory far larger than the CPU caches, the single-threaded stage otherwise.
     batches = records.batch(
@@ -99,8 +226,9 @@ def decoded_pairs(
     deterministic: bool,
 ) -> tf.data.Dataset:
     """Serialized records -> uint8 pairs, in record order when ``deterministic``."""
+    records = counted_records(records, decoder)
     if decoder.whole_batches:
-        return decoded_batches(
+        return _decoded_batches(
             records,
             decoder,
             batch_size=parse_batch_size,
@@ -109,7 +237,7 @@ def decoded_pairs(
         ).unbatch()
 
     def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-        return tf.io.parse_example(serialized, _spec(_PIXELS + _SIZE))
+        return tf.io.parse_example(serialized, _spec(_PIXELS + _OWN))
 
     parsed = records.batch(parse_batch_size).map(
         parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic

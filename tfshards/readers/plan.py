@@ -164,7 +164,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         order = replace(order, cycle_length=downloads.cycle_length)
     return ReadPlan(
         shards=shards,
-        decoder=pair_decoder(shards, shape),
+        decoder=pair_decoder(shards, shape, counted=not a["service"]),
         order=order,
         cache=cache,
         sizing=sizing,

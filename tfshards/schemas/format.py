@@ -121,6 +121,17 @@ def _tf_raw_decode(encoded, height, width, channels: int):
     import tensorflow as tf
 
     pixels = tf.io.decode_raw(encoded, tf.uint8)
+    # A byte count other than height x width x channels would reshape into other images
+    # (half-images, or three gray images per RGB record): an error instead.
+    size = tf.shape(pixels, tf.int64)[-1]
+    expected = tf.cast(height, tf.int64) * tf.cast(width, tf.int64) * channels
+    check = tf.debugging.Assert(
+        tf.equal(size, expected),
+        [tf.strings.format("a record's pixels are {} bytes where its size, {}x{}x{} "
+                           "(HxWxC), makes {}", [size, height, width, channels, expected])],
+    )  # fmt: skip
+    with tf.control_dependencies([check]):
+        pixels = tf.identity(pixels)
     if encoded.shape.rank == 0:
         return tf.reshape(pixels, tf.stack([height, width, channels]))
     return tf.reshape(pixels, (-1, height, width, channels))
