@@ -95,8 +95,8 @@ class PairDecoder:
             "holds ", of_first("image/height"), "x", of_first("image/width"), "x",
             of_first("image/channels"), f" (HxWxC) pixels, the manifest says {stored} with "
             f"{channels} channels and masks 1 (this record: mask channels ",
-            of_first("mask/channels"), "); the manifest was edited or belongs to other shards: convert again, and run "
-            "`tfshards verify` on the dataset",
+            of_first("mask/channels"), "); the manifest was edited or belongs to other "
+            "shards: convert again, and run `tfshards verify` on the dataset",
         )  # fmt: skip
         check = tf.debugging.Assert(tf.reduce_all(good), [message])
         with tf.control_dependencies([check]):
