@@ -243,12 +243,12 @@ def _channels(body):
     body["image"]["channels"] = 1
 
 
-@pytest.mark.parametrize("encoding", ["deflate", "png"])
-@pytest.mark.parametrize("cache", [None, "memory"])
 HEIGHT_SAYS = r"it holds 32x32x3 \(HxWxC\) pixels, the manifest says 16x32"
 CHANNELS_SAYS = r"it holds 32x32x3 .*the manifest says 32x32 with 1 channels and masks 1"
 
 
+@pytest.mark.parametrize("encoding", ["deflate", "png"])
+@pytest.mark.parametrize("cache", [None, "memory"])
 @pytest.mark.parametrize(("edit", "says"), [(_height, HEIGHT_SAYS), (_channels, CHANNELS_SAYS)])
 def test_a_manifest_that_disagrees_with_its_records_stops_the_read(
     square, tmp_path, encoding, cache, edit, says
