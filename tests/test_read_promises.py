@@ -279,6 +279,10 @@ def test_record_counts_other_than_the_manifests_stop_the_read_in_tfshards_words(
         match=rf"{more} \(split train\): the shards hold 16 records where its manifest lists 21",
     ):
         list(tfshards.read(more, batch_size=4, seed=0))
+    # deflate counts at the batch, which drops the 16th record; PNG counts all records
+    dropped = r"hold (15 records in full batches of 5|16 records) where its manifest lists 21"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=dropped):
+        list(tfshards.read(more, batch_size=5, seed=0, drop_remainder=True))
     fewer = edited_copy(square[encoding], tmp_path / "fewer", _shard_counts(-5))
     batches = []
     with pytest.raises(
