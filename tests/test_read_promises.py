@@ -301,3 +301,56 @@ def test_a_record_whose_byte_count_disagrees_with_its_size_is_refused():
     assert decode(tf.constant(bytes(24)), 2, 4, 3).shape == (2, 4, 3)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"are 48 bytes where its size, 2x4x3"):
         decode(tf.constant([bytes(48)]), 2, 4, 3)
+
+
+def read_only(dataset: Path, monkeypatch) -> None:
+    """The dataset folder made read-only (root writes anyway: its writability check lies)."""
+    dataset.chmod(0o555)
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: Path(path) != dataset)
+
+
+def test_cache_cli_sees_and_clears_the_cache_of_a_read_only_dataset(
+    small, tmp_path, monkeypatch, capsys
+):
+    from tfshards.cli import main
+
+    dataset = shutil.copytree(small, tmp_path / "dataset")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    read_only(dataset, monkeypatch)
+    try:
+        assert sum(int(i.shape[0]) for i, _ in tfshards.read(dataset, cache=True)) == 10
+        assert not (dataset / ".tfshards-cache").exists()
+        (entry,) = tfshards.list_caches(dataset)
+        assert entry.state == "ready" and str(entry.path).startswith(str(tmp_path / "xdg"))
+        assert main(["-q", "cache", "list", str(dataset)]) == 0
+        assert f"{entry.path}  ready" in capsys.readouterr().out
+        monkeypatch.setattr(shutil, "rmtree", _refused)
+        assert main(["-q", "cache", "clear", str(dataset)]) == 1
+        err = capsys.readouterr().err
+        assert f"cannot remove the cache entry {entry.path}: Permission denied" in err
+        monkeypatch.undo()
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        read_only(dataset, monkeypatch)
+        assert main(["-q", "cache", "clear", str(dataset)]) == 0
+        assert f"{entry.bytes / 2**20:.1f} MiB freed" in capsys.readouterr().out
+        assert entry.bytes > 0 and tfshards.list_caches(dataset) == []
+    finally:
+        dataset.chmod(0o755)
+
+
+def _refused(path, *args, **kwargs):
+    raise PermissionError(13, "Permission denied", str(path))
+
+
+def test_an_unwritable_user_cache_folder_is_named_with_the_cause(small, tmp_path, monkeypatch):
+    dataset = shutil.copytree(small, tmp_path / "dataset")
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))
+    read_only(dataset, monkeypatch)
+    try:
+        with pytest.raises(tfshards.TfshardsError, match=r"cannot write the disk cache in "
+                           rf"{tmp_path}/file/cache/tfshards/\w+/\w+: Not a directory.*"
+                           r"XDG_CACHE_HOME, pass cache='a/writable/folder'"):  # fmt: skip
+            tfshards.read(dataset, cache=True)
+    finally:
+        dataset.chmod(0o755)
