@@ -69,9 +69,12 @@ def read(
     image: float32 in [0, 1] (or uint8 with ``image_dtype="uint8"``), [B, H, W, C].
     mask: int32 class indices [B, H, W, 1] (float32 one-hot [B, H, W, K] with ``one_hot``).
 
-    augment: a Keras 3 augmentation layer (or ``keras.Sequential`` of them), applied to
-    whole batches as ``{"images", "segmentation_masks"}`` so each mask moves with its
-    image (give the layers a ``seed`` for reproducible runs); or a function
+    augment: a Keras 3 augmentation layer (or a ``keras.layers.Pipeline`` or
+    ``keras.Sequential`` of them; a Sequential runs as a Pipeline of its layers, so it
+    works on every Keras backend), applied to whole batches as
+    ``{"images", "segmentation_masks"}`` so each mask moves with its image (give the
+    layers a ``seed`` for reproducible runs; with ``image_dtype="uint8"`` the layers'
+    float images are rounded and cast back to uint8); or a function
     ``(image, mask) -> (image, mask)`` applied to each pair. Both run after the cache
     and the shuffle, so they stay random every epoch.
 

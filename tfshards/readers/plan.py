@@ -33,6 +33,8 @@ from tfshards.readers.options import (
     CachePlan,
     Ordering,
     ReadOptions,
+    checked_size,
+    is_int,
     ordering,
 )
 from tfshards.readers.order import group_shards
@@ -156,7 +158,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     a = arguments
     options = a["options"] or ReadOptions()
     cache = CachePlan.of(a["cache"])
-    _check_arguments(a["batch_size"], a["image_dtype"], cache, a["service"])
+    _check_arguments(a["batch_size"], a["seed"], a["image_dtype"], cache, a["service"])
     shuffle = a["split"] == "train" if a["shuffle"] is None else a["shuffle"]
     pipeline, batch_size = (0, 1), a["batch_size"]
     if (context := a["input_context"]) is not None:
@@ -181,7 +183,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         order = replace(order, cycle_length=downloads.cycle_length)
     return ReadPlan(
         shards=shards,
-        decoder=pair_decoder(shards, shape),
+        decoder=pair_decoder(shards, shape, counted=not a["service"]),
         order=order,
         cache=cache,
         sizing=sizing,
@@ -254,16 +256,18 @@ def _finishing(
 ) -> Finishing:
     """A Keras layer runs on whole finished batches (then one-hot); a function per pair."""
     if is_keras_layer(augment):
-        layer = layer_augmenter(augment, shards, one_hot)
+        layer = layer_augmenter(augment, shards, one_hot, image_dtype)
         return Finishing(finisher(shards, image_dtype, None, False), False, layer)
     return Finishing(finisher(shards, image_dtype, augment, one_hot), augment is not None, None)
 
 
 def _check_arguments(
-    batch_size: int, image_dtype: str, cache: CachePlan, service: str | None
+    batch_size: int, seed: int | None, image_dtype: str, cache: CachePlan, service: str | None
 ) -> None:
-    if batch_size < 1:
-        raise OptionsError(f"batch_size must be at least 1, got {batch_size}")
+    if not is_int(batch_size) or batch_size < 1:
+        raise OptionsError(f"batch_size must be an integer of at least 1, got {batch_size!r}")
+    if seed is not None and not is_int(seed):
+        raise OptionsError(f"seed must be an integer or None, got {seed!r}")
     if image_dtype not in ("float32", "uint8"):
         raise OptionsError(f"image_dtype must be 'float32' or 'uint8', got {image_dtype!r}")
     if service is not None and cache.kind != "none":
@@ -281,11 +285,10 @@ def _target_shape(
     if image_size is not None:
         if sizing.active:
             raise OptionsError("pass image_size (resize) or crop_size/pad_to, not both")
-        if len(image_size) != 2 or min(image_size) < 1:
-            raise OptionsError(f"image_size must be (height, width), got {image_size}")
-        return (int(image_size[0]), int(image_size[1]), channels)
+        return (*checked_size("image_size", image_size), channels)
     stored = shards.manifest.image_shape
     if stored is not None:
+        _check_pad_to(shards, stored, sizing)
         return stored
     if sizing.active or batch_size == 1:
         return (None, None, channels)
@@ -294,3 +297,17 @@ def _target_shape(
         "are; pass crop_size=(h, w) to train on random crops, pad_to=(h, w) or "
         "batch_size=1 to evaluate at native size, or image_size=(h, w) to resize them all"
     )
+
+
+def _check_pad_to(shards: SplitShards, stored: Shape, sizing: Sizing) -> None:
+    """Records of one known size larger than pad_to: refused now, in tfshards' words (the
+    shapes are static, so TensorFlow would fail first, in tf.ensure_shape's)."""
+    if sizing.pad_to is None:
+        return
+    height, width = sizing.pad_to
+    if stored[0] > height or stored[1] > width:
+        raise OptionsError(
+            f"a record is larger than pad_to=({height}, {width}): every record of "
+            f"{shards.root} is {stored[0]}x{stored[1]} (HxW, from its manifest); pass a "
+            "larger pad_to, or batch_size=1 to read records at their own size"
+        )
