@@ -32,6 +32,8 @@ _READER_NAMES = (
     "list_caches",
     "clear_caches",
 )
+# Random access by index needs no TensorFlow (PyTorch, Grain): imported on first use too.
+_SOURCE_NAMES = ("Pairs", "PairDecodeError", "torch_pair")
 
 
 def __getattr__(name: str):
@@ -39,6 +41,10 @@ def __getattr__(name: str):
         from tfshards import readers
 
         return getattr(readers, name)
+    if name in _SOURCE_NAMES:
+        from tfshards import sources
+
+        return getattr(sources, name)
     raise AttributeError(f"module 'tfshards' has no attribute {name!r}")
 
 
@@ -49,8 +55,10 @@ __all__ = [
     "ManifestError",
     "OptionsError",
     "OutputError",
+    "PairDecodeError",
     "PairError",
     "PairingError",
+    "Pairs",
     "ReadOptions",
     "ReadState",
     "ResumeCallback",
@@ -65,5 +73,6 @@ __all__ = [
     "pair_files",
     "read",
     "synth",
+    "torch_pair",
     "verify",
 ]

@@ -18,6 +18,7 @@ process share it while the environment stays the same.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -70,7 +71,7 @@ class DownloadProcess:
 
     def _connect(self, location: str) -> Connection:
         with self._start:
-            if self._helper is None or not self._helper.running():
+            if self._helper is None or not self._helper.mine() or not self._helper.running():
                 self._helper = _shared_helper()
             helper = self._helper
         return helper.connect(location)
@@ -90,6 +91,21 @@ def _shared_helper() -> _Helper:
         return _shared[1]
 
 
+def _forget_after_fork() -> None:
+    """A forked child (a DataLoader worker, say) starts a helper of its own when it
+    downloads: the parent's is the parent's (its socket and pipe are not shared)."""
+    global _shared, _shared_lock
+    _shared_lock = threading.Lock()
+    if _shared is not None:
+        with contextlib.suppress(OSError):
+            _shared[1].process.stdin.close()  # this copy of the pipe: the helper still
+            # sees its end when the parent closes or dies
+        _shared = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 class _Helper:
     """One started helper process: its socket, key and pipe."""
 
@@ -97,8 +113,10 @@ class _Helper:
         self.process = process
         self.address = os.path.join(folder, "socket")
         self.key = key
-        # Closing stdin tells the helper to exit; the folder (mode 0700) goes with it.
-        weakref.finalize(self, _stop, process, folder)
+        self.owner = os.getpid()
+        # Closing stdin tells the helper to exit; the folder (mode 0700) goes with it. Only
+        # the process that started it stops it: a forked child's copy never does.
+        weakref.finalize(self, _stop, process, folder, os.getpid())
 
     @classmethod
     def start(cls) -> _Helper:
@@ -112,6 +130,10 @@ class _Helper:
         process.stdin.write(key)  # never on the command line
         process.stdin.flush()
         return cls(process, folder, key)
+
+    def mine(self) -> bool:
+        """Started by this process (not inherited through a fork)."""
+        return self.owner == os.getpid()
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -130,7 +152,9 @@ class _Helper:
                 time.sleep(0.02)
 
 
-def _stop(process: subprocess.Popen, folder: str) -> None:
+def _stop(process: subprocess.Popen, folder: str, owner: int) -> None:
+    if os.getpid() != owner:
+        return
     try:
         process.stdin.close()
         process.wait(timeout=10)

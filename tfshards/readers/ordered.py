@@ -62,6 +62,7 @@ class OrderedReader:
     cursor: Cursor
     shape: tuple[int, int, int]
     identity: dict  # what a saved state must match (see resume.py)
+    downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -77,6 +78,11 @@ class OrderedReader:
         height, width, channels = self.shape
         empty = np.zeros((0, height, width, channels), np.uint8)
         return indices, self.records.read(indices), False, empty, empty[..., :1]
+
+    def prefetch(self, step: tf.Tensor) -> int:
+        """py_function body: the shards of a step's records made local (URL, gzip/zlib)."""
+        self.records.prefetch(self.batch_indices(int(step)))
+        return int(step)
 
     def keep(self, indices, images, masks) -> bool:
         """py_function body: decoded pairs into the store while it is being built."""
@@ -94,6 +100,12 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
         lambda i: tf.ensure_shape(tf.py_function(reader.cursor.step, [i], tf.int64), [])
     )
     shape = reader.shape
+    if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
+
+        def ahead(step: tf.Tensor) -> tf.Tensor:
+            return tf.ensure_shape(tf.py_function(reader.prefetch, [step], tf.int64), [])
+
+        steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
 
     def load(step: tf.Tensor):
         indices, records, from_store, images, masks = tf.py_function(
@@ -157,8 +169,16 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
     per_iteration = None if plan.repeat else schedule.batches_per_epoch
     identity = read_identity(plan, schedule)
     step = start_step(start, identity, schedule)
+    local = plan.records.downloads is None and not plan.records.kind.compressed
     return OrderedReader(
-        order, schedule, plan.records, store, Cursor(step, per_iteration), plan.shape, identity
+        order,
+        schedule,
+        plan.records,
+        store,
+        Cursor(step, per_iteration),
+        plan.shape,
+        identity,
+        0 if local else plan.options.download_ahead,
     )
 
 

@@ -38,11 +38,11 @@ from tfshards.readers.options import (
     ordering,
 )
 from tfshards.readers.order import group_shards
-from tfshards.readers.shard_cache import shard_cache_key
 from tfshards.readers.shards import SplitShards, split_shards
 from tfshards.readers.sizing import Sizing
 from tfshards.schemas.format import compression
 from tfshards.sources.records import SplitRecords
+from tfshards.sources.shard_cache import shard_cache_key
 
 Finish = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 Shape = tuple[int | None, int | None, int]
@@ -198,8 +198,8 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         downloads=downloads,
         ram_budget=autotune_ram_budget(),
         unordered=unordered,
-        records=None if unordered else SplitRecords(shards),
-        group_shards=group_shards([s.bytes for s in shards.shards], options.cycle_length),
+        records=None if unordered else _split_records(shards, options),
+        group_shards=_group_shards(shards, options),
     )
 
 
@@ -211,11 +211,27 @@ def _unordered_because(
         return "the tf.data service decides the order on its workers"
     if shape[0] is None or sizing.active:
         return "records of many sizes are cropped or padded one pair at a time"
-    if shards.remote:
-        return "the dataset is at a URL"
-    if compression(shards.manifest.compression.type).compressed:
-        return "the shards are gzip/zlib-compressed"
     return None
+
+
+def _split_records(shards: SplitShards, options: ReadOptions) -> SplitRecords:
+    return SplitRecords(
+        shards,
+        shard_cache=options.shard_cache,
+        shard_cache_limit=options.shard_cache_limit,
+        storage_options=options.storage_options,
+    )
+
+
+def _group_shards(shards: SplitShards, options: ReadOptions) -> int:
+    """Shards mixed together in an epoch; with a shard cache limit, as many as it holds
+    beside the ones downloading ahead."""
+    sizes = [shard.bytes for shard in shards.shards]
+    group = group_shards(sizes, options.cycle_length)
+    if shards.remote and options.shard_cache_limit is not None:
+        fit = options.shard_cache_limit // max(1, max(sizes))
+        group = max(1, min(group, fit - 2))
+    return group
 
 
 def _resolved_seed(seed: int | None) -> int:

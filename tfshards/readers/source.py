@@ -14,8 +14,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfshards.readers.plan import ReadPlan
-from tfshards.readers.shard_cache import ShardCache
 from tfshards.schemas.format import compression
+from tfshards.sources.shard_cache import ShardCache
 
 AUTOTUNE = tf.data.AUTOTUNE
 

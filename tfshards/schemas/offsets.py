@@ -8,8 +8,8 @@ the data skipped by seeking, so a scan reads a few hundred bytes per MB of shard
 Scanned offsets are kept in the user cache folder, keyed by the shard's sha256, never
 written into the dataset (which may be read-only, or shared).
 
-Compressed (gzip/zlib) shards have no offsets into their bytes; the readers inflate
-them first (see ``readers/record_files.py``).
+Compressed (gzip/zlib) shards have no offsets into their bytes; readers by index inflate
+them first (``sources/inflated.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Reading a split's records by index, without TensorFlow: the layer under ``tfshards.read``'s
-ordered reader and the random-access sources for other frameworks."""
+ordered reader and the random-access sources for other frameworks (``Pairs``: PyTorch's
+``DataLoader``, Grain's ``MapDataset.source``)."""
 
+from tfshards.sources.pairs import PairDecodeError, Pairs, torch_pair
 from tfshards.sources.records import SplitRecords
 
-__all__ = ["SplitRecords"]
+__all__ = ["PairDecodeError", "Pairs", "SplitRecords", "torch_pair"]

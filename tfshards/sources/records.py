@@ -5,10 +5,23 @@ shard). A read looks up each record's offset (``schemas/offsets.py``), reads it 
 ``os.pread`` and checks both CRCs. File descriptors belong to the process that opened
 them: a forked or unpickled copy opens its own, so nothing is shared across a fork.
 
-Each shard's identity (device, inode, size, modification time) is taken when the
+Where the bytes come from, by the dataset:
+
+- local, uncompressed: the shard files themselves;
+- gzip/zlib shards: an uncompressed copy made once in the user cache folder
+  (``inflated.py``, which states its cost), read by offset like any shard;
+- at a URL (s3://, gs://...): the local shard cache (``shard_cache.py``), the same
+  folder and checks as ``tfshards.read``. A shard is downloaded on its first read,
+  or earlier by :meth:`SplitRecords.prefetch`; it stays marked in use while its
+  descriptor is open, so the cache's limit never evicts a shard being read.
+
+Each local shard's identity (device, inode, size, modification time) is taken when the
 split is opened; a descriptor opened later on a file with another identity means the
 dataset was replaced under the reader (``convert --overwrite``), and the read stops
-with :class:`DatasetChangedError` instead of mixing two datasets.
+with :class:`DatasetChangedError` instead of mixing two datasets. A downloaded copy
+is checked against the manifest's size and sha256 instead (``ShardCheckError`` for an
+object replaced in the bucket): a copy evicted and downloaded again is another file
+with the same bytes.
 """
 
 from __future__ import annotations
@@ -18,50 +31,89 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tfshards import storage
 from tfshards.errors import DatasetChangedError, OptionsError
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import compression
 from tfshards.schemas.offsets import RecordOffsets, read_record, shard_offsets
+from tfshards.sources.folders import user_cache_dir
+from tfshards.sources.inflated import default_inflated_folder, inflated_copy
+from tfshards.sources.shard_cache import ShardCache, shard_cache_key
 
 OPEN_FILES = 64  # descriptors kept open per process, least recently used closed first
+MIN_CACHED_SHARDS = 3  # a shard cache limit must hold this many of the largest shards
 Identity = tuple[int, int, int, int]
 
 
 def default_offsets_folder() -> Path:
     """Scanned offsets are kept here: ``$XDG_CACHE_HOME/tfshards/offsets``."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "tfshards" / "offsets"
+    return user_cache_dir() / "offsets"
+
+
+@dataclass(frozen=True)
+class Downloads:
+    """Where a remote split's shards are cached (as ``ReadOptions.shard_cache``)."""
+
+    folder: Path
+    limit: int | None
+    storage_options: storage.StorageOptions
 
 
 class SplitRecords:
-    """``len()`` records of one split; ``read(indices)`` returns their data in that order."""
+    """``len()`` records of one split; ``read(indices)`` returns their data in that order.
 
-    def __init__(self, shards: SplitShards, *, offsets_folder: Path | None = None) -> None:
-        if shards.remote or compression(shards.manifest.compression.type).compressed:
-            raise OptionsError(
-                f"{shards.root}: reading by index needs local, uncompressed shards "
-                "(convert with --compression none)"
-            )
+    ``offsets_folder`` keeps scanned offsets, ``inflated_folder`` the uncompressed copies
+    of gzip/zlib shards (both default to the user cache folder); for a split at a URL,
+    ``shard_cache`` is the shard cache's root folder (default: ``shards/`` in the user
+    cache folder, as ``tfshards.read``), ``shard_cache_limit`` its most bytes and
+    ``storage_options`` what fsspec gets.
+    """
+
+    def __init__(
+        self,
+        shards: SplitShards,
+        *,
+        offsets_folder: Path | None = None,
+        inflated_folder: Path | None = None,
+        shard_cache: str | os.PathLike | None = None,
+        shard_cache_limit: int | None = None,
+        storage_options: storage.StorageOptions = None,
+    ) -> None:
         self.shards = shards
         self.offsets_folder = offsets_folder or default_offsets_folder()
+        self.kind = compression(shards.manifest.compression.type)
+        self.inflated_folder = inflated_folder or default_inflated_folder()
         counts = [shard.records for shard in shards.shards]
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.identities = [_identity(os.stat(path)) for path in shards.paths]
+        self.downloads: Downloads | None = None
+        self.open_files = OPEN_FILES
+        if shards.remote:
+            root = Path(shard_cache) if shard_cache else user_cache_dir() / "shards"
+            folder = root / shard_cache_key(shards.manifest)
+            self.downloads = Downloads(folder, shard_cache_limit, storage_options)
+            self.open_files = _open_files_within(shards, shard_cache_limit)
+            self.identities: list[Identity] = []
+        else:
+            self.identities = [_identity(os.stat(path)) for path in shards.paths]
         self._reset()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._cache_lock = threading.Lock()
         self._files: OrderedDict[int, int] = OrderedDict()  # shard number -> descriptor
         self._offsets: dict[int, RecordOffsets] = {}
+        self._marked: set[int] = set()  # shards marked in use in the shard cache
+        self._cache: ShardCache | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_pid", "_lock", "_files", "_offsets"):
+        for name in ("_pid", "_lock", "_cache_lock", "_files", "_offsets", "_marked", "_cache"):
             state.pop(name)
         return state
 
@@ -93,6 +145,16 @@ class SplitRecords:
             out[position] = read_record(fd, offsets.starts[local], offsets.lengths[local], where)
         return out
 
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Make the shards of the records at ``indices`` local now: download them into the
+        shard cache (a dataset at a URL) and inflate them (gzip/zlib shards), so a later
+        ``read`` of them waits for neither. Call it from another thread, ahead of use;
+        it does nothing for local uncompressed shards. Safe beside ``read``."""
+        if self.downloads is None and not self.kind.compressed:
+            return
+        for number in np.unique(self.locate(np.asarray(indices, np.int64))[0]):
+            self._local_copy(int(number), mark=False)
+
     def _open(self, number: int) -> tuple[int, RecordOffsets]:
         with self._lock:
             if self._pid != os.getpid():  # a forked copy: the parent's descriptors are not ours
@@ -103,46 +165,110 @@ class SplitRecords:
             self._files.move_to_end(number)
             if number not in self._offsets:
                 shard = self.shards.shards[number]
-                path = Path(self.shards.paths[number])
+                path = Path(self._local_path(number))
                 self._offsets[number] = shard_offsets(
-                    path, shard.sha256, shard.bytes, self.offsets_folder
+                    path, shard.sha256, os.fstat(fd).st_size, self.offsets_folder
                 )
             return fd, self._offsets[number]
 
     def _reset_locked(self) -> None:
         self._pid = os.getpid()
         self._files = OrderedDict()
+        self._marked = set()
+        self._cache = None  # the parent's helper process and locks are the parent's
+        self._cache_lock = threading.Lock()
 
     def _open_checked(self, number: int) -> int:
-        path = self.shards.paths[number]
+        path = self._local_copy(number, mark=True)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise _changed(path, "it is gone") from None
-        if _identity(os.fstat(fd)) != self.identities[number]:
+        if path is self.shards.paths[number] and _identity(os.fstat(fd)) != self.identities[number]:
             os.close(fd)
             raise _changed(path, "another file now has its name")
         self._files[number] = fd
-        while len(self._files) > OPEN_FILES:
-            os.close(self._files.popitem(last=False)[1])
+        while len(self._files) > self.open_files:
+            self._close_locked(next(iter(self._files)))
         return fd
 
     def check_unchanged(self) -> None:
-        """Raise DatasetChangedError if any shard file is not the one opened at the start."""
-        for path, identity in zip(self.shards.paths, self.identities, strict=True):
+        """Raise DatasetChangedError if a local shard is not the file opened at the start
+        (a dataset at a URL is checked by sha256 as its shards arrive)."""
+        if self.downloads is not None:
+            return
+        for number, path in enumerate(self.shards.paths):
+            self._check_identity(number, path)
+
+    def _local_copy(self, number: int, *, mark: bool) -> str:
+        """The local uncompressed file of shard ``number``: the shard itself, its
+        inflated copy, or its copy in the shard cache (marked in use when ``mark``)."""
+        shard = self.shards.shards[number]
+        if self.downloads is None:
+            path = self.shards.paths[number]
+            if not self.kind.compressed:
+                return path  # its identity is checked on the descriptor
+            self._check_identity(number, path)
+            return str(inflated_copy(Path(path), shard, self.kind, self.inflated_folder))
+        if self.kind.compressed:
+            target = self.inflated_folder / f"{shard.sha256}.tfrecord"
+            if target.is_file():
+                return str(target)
+            cache = self._shard_cache()
+            local = Path(cache.fetch(shard))
             try:
-                now = _identity(os.stat(path))
-            except FileNotFoundError:
-                raise _changed(path, "it is gone") from None
-            if now != identity:
-                raise _changed(path, "another file now has its name")
+                return str(inflated_copy(local, shard, self.kind, self.inflated_folder))
+            finally:
+                cache.release(shard)
+        if not mark:
+            self._shard_cache().ensure(shard)
+            return str(self.downloads.folder / shard.file)
+        path = self._shard_cache().fetch(shard)
+        self._marked.add(number)
+        return path
+
+    def _local_path(self, number: int) -> str:
+        shard = self.shards.shards[number]
+        if self.kind.compressed:
+            return str(self.inflated_folder / f"{shard.sha256}.tfrecord")
+        if self.downloads is not None:
+            return str(self.downloads.folder / shard.file)
+        return self.shards.paths[number]
+
+    def _check_identity(self, number: int, path: str) -> None:
+        try:
+            identity = _identity(os.stat(path))
+        except FileNotFoundError:
+            raise _changed(path, "it is gone") from None
+        if identity != self.identities[number]:
+            raise _changed(path, "another file now has its name")
+
+    def _shard_cache(self) -> ShardCache:
+        with self._cache_lock:
+            if self._cache is None:
+                downloads = self.downloads
+                self._cache = ShardCache(
+                    downloads.folder,
+                    self.shards.root,
+                    limit=downloads.limit,
+                    keep=self.open_files + 1,
+                    storage_options=downloads.storage_options,
+                )
+            return self._cache
+
+    def _close_locked(self, number: int) -> None:
+        os.close(self._files.pop(number))
+        if number in self._marked:
+            self._marked.discard(number)
+            self._cache.release(self.shards.shards[number])
 
     def close(self) -> None:
         with self._lock:
             if self._pid == os.getpid():
-                for fd in self._files.values():
-                    os.close(fd)
+                for number in list(self._files):
+                    self._close_locked(number)
             self._files = OrderedDict()
+            self._marked = set()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter shutdown
@@ -159,3 +285,19 @@ def _changed(path: str, how: str) -> DatasetChangedError:
         "`tfshards convert --overwrite`); no pairs of the new version were mixed in: "
         "start the read again"
     )
+
+
+def _open_files_within(shards: SplitShards, limit: int | None) -> int:
+    """How many shards may be open (marked in use) at once within a shard cache limit,
+    leaving room for one download ahead and the one arriving."""
+    if limit is None:
+        return OPEN_FILES
+    largest = max((shard.bytes for shard in shards.shards), default=1)
+    fit = limit // max(largest, 1)
+    if fit < MIN_CACHED_SHARDS:
+        raise OptionsError(
+            f"shard_cache_limit={limit} bytes holds {fit} of this dataset's shards (the "
+            f"largest is {largest / 2**20:.1f} MiB); reading needs room for at least "
+            f"{MIN_CACHED_SHARDS}: raise the limit, or convert with smaller shards (--shard-size)"
+        )
+    return min(OPEN_FILES, fit - 2)

@@ -37,6 +37,7 @@ from tfshards.errors import TfshardsError
 from tfshards.readers.cache.layouts import CACHE_PARTS, PartLayout, Shape, layout_for, part_count
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import CACHE_DIR_NAME, MANIFEST_NAME
+from tfshards.sources.folders import process_alive, user_cache_dir
 
 # 3: fixed-size entries are two flat files read by index (store.py); entries of older
 # formats, including any built by a pass that overlapped `convert --overwrite`, are not read.
@@ -238,11 +239,6 @@ def _fallback_root(dataset: Path) -> Path:
     return user_cache_dir() / hashlib.sha256(str(dataset.resolve()).encode()).hexdigest()[:16]
 
 
-def user_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/tfshards``, else ``~/.cache/tfshards``."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tfshards"
-
-
 def _remove_abandoned_builds(entry: Path) -> None:
     """Building folders of processes on this host that no longer run."""
     host = socket.gethostname()
@@ -250,16 +246,6 @@ def _remove_abandoned_builds(entry: Path) -> None:
         parts = folder.name[len(BUILDING_PREFIX) :].rsplit("-", 2)
         if len(parts) == 3 and parts[0] == host and not process_alive(int(parts[1])):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,180 @@
+"""tfshards.Pairs: every pair by its index as NumPy arrays, the values tfshards.read gives,
+without TensorFlow in the process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_pairs
+
+import tfshards
+from tfshards.schemas import Manifest
+from tfshards.schemas.record import EncodedPair
+from tfshards.schemas.tfrecord import RecordError, frame_record, iter_records, parse_example
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+
+
+def _convert(tmp_path: Path, *, count: int = 10, channels: int = 3, **options) -> Path:
+    fmt = "jpeg" if options.get("encoding") == "jpeg" else "png"
+    images, masks = write_pairs(tmp_path / "data", count=count, channels=channels, image_format=fmt)
+    out = tmp_path / "shards"
+    tfshards.convert(images, masks, out, num_shards=3, progress=False, **options)
+    return out
+
+
+def _through_read(out: Path) -> tuple[np.ndarray, np.ndarray]:
+    batches = tfshards.read(out, batch_size=1, image_dtype="uint8", shuffle=False, cache=False)
+    images, masks = zip(*((i.numpy()[0], m.numpy()[0]) for i, m in batches), strict=True)
+    return np.stack(images), np.stack(masks)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "channels", "compression"),
+    [
+        ("deflate", 3, "none"),
+        ("raw", 1, "none"),
+        ("png", 4, "none"),
+        ("jpeg", 3, "none"),
+        ("keep", 3, "none"),
+        ("deflate", 3, "gzip"),
+        ("raw", 3, "zlib"),
+    ],
+)
+def test_every_pair_equals_what_read_gives(
+    tmp_path: Path, encoding: str, channels: int, compression: str
+) -> None:
+    out = _convert(tmp_path, channels=channels, encoding=encoding, compression=compression)
+    pairs = tfshards.Pairs(out, split="train")
+    images, masks = _through_read(out)
+    if encoding == "jpeg":  # Pillow's decoder is the reference, as read() is being changed to
+        images = _jpeg_as_pillow_decodes(out)
+    assert len(pairs) == len(images) == 10
+    for index in range(len(pairs)):
+        image, mask = pairs[index]
+        assert image.dtype == np.uint8 and image.shape == images[index].shape
+        assert mask.dtype == np.uint8 and mask.shape == masks[index].shape  # [H, W, 1]
+        np.testing.assert_array_equal(image, images[index])
+        np.testing.assert_array_equal(mask, masks[index])
+    assert not any(name.endswith((".npy", ".idx")) for name in os.listdir(out))
+
+
+def _jpeg_as_pillow_decodes(out: Path) -> np.ndarray:
+    """TensorFlow's INTEGER_ACCURATE JPEG decoder: Pillow's (libjpeg's islow) pixels."""
+    import tensorflow as tf
+
+    encoded = []
+    for shard in Manifest.load(out).splits["train"].shards:
+        with open(out / shard.file, "rb") as stream:
+            encoded += [parse_example(r)["image/encoded"] for r in iter_records(stream)]
+    return np.stack(
+        [tf.io.decode_jpeg(e, channels=3, dct_method="INTEGER_ACCURATE").numpy() for e in encoded]
+    )
+
+
+def test_keys_negative_indices_and_batched_reads(tmp_path: Path) -> None:
+    out = _convert(tmp_path, encoding="raw")
+    pairs = tfshards.Pairs(out, with_keys=True)
+    keys = [pairs[i][2] for i in range(len(pairs))]
+    assert sorted(keys) == [f"{i:03d}" for i in range(10)]
+    assert [pairs.key(i) for i in range(len(pairs))] == keys
+    assert pairs[-1][2] == keys[-1] and pairs[np.int64(2)][2] == keys[2]
+    batch = pairs.__getitems__([7, 0, 7, 3])
+    assert [k for _, _, k in batch] == [keys[7], keys[0], keys[7], keys[3]]
+    with pytest.raises(IndexError, match="pair index 10 out of range for 10 pairs"):
+        pairs[10]
+    with pytest.raises(TypeError, match="integers"):
+        pairs["a"]
+
+
+def test_offsets_are_scanned_once_and_kept_outside_the_dataset(tmp_path: Path) -> None:
+    out = _convert(tmp_path, encoding="raw")
+    before = sorted(os.listdir(out))
+    os.chmod(out, 0o555)  # a read-only dataset (root may still write: the listing checks)
+    try:
+        pairs = tfshards.Pairs(out)
+        assert [pairs[i][0].shape for i in range(len(pairs))] == [(24, 32, 3)] * 10
+    finally:
+        os.chmod(out, 0o755)
+    assert sorted(os.listdir(out)) == before
+    kept = sorted((tmp_path / "user-cache" / "tfshards" / "offsets").glob("*.npy"))
+    shards = Manifest.load(out).splits["train"].shards
+    assert [p.stem for p in kept] == sorted(s.sha256 for s in shards)
+
+
+def test_index_files_are_used_when_present(tmp_path: Path) -> None:
+    out = _convert(tmp_path, encoding="raw", index=True)
+    assert len(list(out.glob("*.idx"))) == 3
+    images, _ = _through_read(out)
+    pairs = tfshards.Pairs(out)
+    np.testing.assert_array_equal(pairs[9][0], images[9])
+    assert not (tmp_path / "user-cache" / "tfshards" / "offsets").exists()
+
+
+def test_a_corrupt_record_names_its_shard_and_record(tmp_path: Path) -> None:
+    out = _convert(tmp_path, encoding="raw", index=True)
+    shard = out / Manifest.load(out).splits["train"].shards[1].file
+    starts = [
+        int(line.split()[0]) for line in shard.with_suffix(".tfrecord.idx").read_text().splitlines()
+    ]
+    data = bytearray(shard.read_bytes())
+    data[starts[1] + 40] ^= 0x01  # inside record 1's data
+    shard.write_bytes(bytes(data))
+    pairs = tfshards.Pairs(out)
+    first = Manifest.load(out).splits["train"].shards[0].records
+    with pytest.raises(RecordError, match=rf"{shard.name}: record 1: data CRC mismatch"):
+        pairs[first + 1]
+    assert pairs[first][0].shape == (24, 32, 3)  # its neighbours still read
+
+
+def test_a_record_whose_pixels_do_not_decode_names_shard_record_and_cause(
+    tmp_path: Path,
+) -> None:
+    out = _convert(tmp_path, encoding="raw")
+    bad = EncodedPair("bad", b"\0" * 7, "raw", 24, 32, 3, b"\0" * (24 * 32), "raw")
+    shard = out / Manifest.load(out).splits["train"].shards[0].file
+    shard.write_bytes(frame_record(bad.to_example()))
+    _update_manifest(out, shard)
+    with pytest.raises(tfshards.PairDecodeError, match=rf"{shard.name}: record 0 .*7 bytes"):
+        tfshards.Pairs(out)[0]
+
+
+def _update_manifest(out: Path, shard: Path) -> None:
+    manifest = json.loads((out / "tfshards.json").read_text())
+    for entry in manifest["splits"]["train"]["shards"]:
+        if entry["file"] == shard.name:
+            entry["bytes"] = shard.stat().st_size
+            entry["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+            entry["records"] = 1
+    manifest["splits"]["train"]["records"] = sum(
+        e["records"] for e in manifest["splits"]["train"]["shards"]
+    )
+    (out / "tfshards.json").write_text(json.dumps(manifest))
+
+
+def test_importing_tfshards_and_reading_pairs_imports_no_tensorflow(tmp_path: Path) -> None:
+    out = _convert(tmp_path, encoding="deflate", compression="gzip")
+    program = (
+        "import sys, pickle, tfshards\n"
+        f"pairs = tfshards.Pairs({str(out)!r}, with_keys=True)\n"
+        "pairs = pickle.loads(pickle.dumps(pairs))\n"
+        "assert len(pairs.__getitems__(range(len(pairs)))) == 10\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.strip() == "[]"

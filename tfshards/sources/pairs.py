@@ -1,0 +1,151 @@
+"""``tfshards.Pairs``: a split's pairs by index as NumPy arrays, without TensorFlow.
+
+One object serves PyTorch's ``DataLoader`` (a map-style dataset: ``len`` and ``[i]``,
+with ``__getitems__`` for whole batches) and Grain's ``MapDataset.source`` (a random-
+access source, with ``_getitems``). Pair ``i`` is record ``i`` of the split in the
+manifest's order: one ``pread`` at its offset (``records.py``), both CRCs checked,
+then the pure-Python record decoder that ``verify`` uses.
+
+Values are those of ``tfshards.read(path, image_dtype="uint8", shuffle=False)`` for the
+same record: the image ``uint8 [H, W, C]``, the mask's class indices ``[H, W, 1]``
+(``uint8`` here, ``int32`` in ``read``: the same numbers in a quarter of the bytes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfshards import storage
+from tfshards.errors import TfshardsError
+from tfshards.readers.options import ReadOptions
+from tfshards.readers.shards import split_shards
+from tfshards.schemas.record import decode_record
+from tfshards.schemas.tfrecord import parse_example
+from tfshards.sources.records import SplitRecords
+
+Pair = tuple[np.ndarray, np.ndarray]
+Transform = Callable[[np.ndarray, np.ndarray], tuple[Any, Any]]
+
+
+class PairDecodeError(TfshardsError, ValueError):
+    """A record's bytes are intact (CRCs match) but its pair does not decode."""
+
+
+class Pairs:
+    """The pairs of one split of a tfshards dataset, by index.
+
+    >>> pairs = tfshards.Pairs("shards", split="train")  # doctest: +SKIP
+    >>> image, mask = pairs[0]          # uint8 [H, W, C], uint8 [H, W, 1]
+    >>> pairs.key(0)                    # the pair's key, e.g. "images/003"
+
+    ``transform(image, mask) -> (image, mask)`` runs on every pair, e.g.
+    :func:`tfshards.torch_pair` for CHW float tensors; ``with_keys=True`` returns
+    ``(image, mask, key)`` triples instead of pairs.
+    ``options``: a ``ReadOptions`` whose shard cache settings (``storage_options``,
+    ``shard_cache``, ``shard_cache_limit``) apply to a dataset at a URL; its tf.data
+    knobs do not apply here. gzip/zlib shards are inflated once into the user cache
+    folder on first use (``tfshards/sources/inflated.py`` states the cost).
+
+    Safe to pickle and to fork: each process opens its own files (a ``DataLoader``
+    worker, a Grain worker process), and no file handle or lock crosses a fork.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        split: str = "train",
+        *,
+        transform: Transform | None = None,
+        with_keys: bool = False,
+        options: ReadOptions | None = None,
+    ) -> None:
+        options = options or ReadOptions()
+        shards = split_shards(path, split, storage_options=options.storage_options)
+        self.records = SplitRecords(
+            shards,
+            shard_cache=options.shard_cache,
+            shard_cache_limit=options.shard_cache_limit,
+            storage_options=options.storage_options,
+        )
+        self.transform = transform
+        self.with_keys = with_keys
+        self.manifest = shards.manifest
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __repr__(self) -> str:
+        root = storage.display(self.records.shards.root)
+        return f"Pairs({root!r}, split={self.split!r}): {len(self)} pairs"
+
+    def __getitem__(self, index: int) -> Any:
+        index = _index(index, len(self))
+        return self._finish(self._decoded(index, self.records.read([index])[0]))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """Many pairs at once, read shard by shard in offset order (PyTorch's batched
+        fetch: a ``DataLoader`` with a batch sampler calls it once per batch)."""
+        indices = [_index(i, len(self)) for i in indices]
+        data = self.records.read(indices)
+        return [self._finish(self._decoded(i, d)) for i, d in zip(indices, data, strict=True)]
+
+    def _getitems(self, indices: Sequence[int]) -> list[Any]:
+        """Grain's name for a batched read."""
+        return self.__getitems__(indices)
+
+    def key(self, index: int) -> str:
+        """The key of pair ``index`` (its relative path without extension)."""
+        index = _index(index, len(self))
+        return self._decoded(index, self.records.read([index])[0])[2]
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Download (a dataset at a URL) or inflate (gzip/zlib) the shards of these pairs
+        now, e.g. from a thread, so that reading them later waits for neither."""
+        self.records.prefetch(indices)
+
+    def close(self) -> None:
+        self.records.close()
+
+    def _decoded(self, index: int, data: bytes) -> tuple[np.ndarray, np.ndarray, str]:
+        try:
+            record = decode_record(parse_example(data))
+        except ValueError as exc:  # RecordError too
+            shard, local = (int(n[0]) for n in self.records.locate(np.array([index])))
+            where = storage.display(self.records.shards.paths[shard])
+            raise PairDecodeError(f"{where}: record {local} (pair {index}): {exc}") from exc
+        return record.image, record.mask[:, :, None], record.key
+
+    def _finish(self, pair: tuple[np.ndarray, np.ndarray, str]) -> tuple:
+        image, mask, key = pair
+        if self.transform is not None:
+            image, mask = self.transform(image, mask)
+        return (image, mask, key) if self.with_keys else (image, mask)
+
+
+def _index(index: int, length: int) -> int:
+    """A Python or NumPy integer in range, negative ones counted from the end."""
+    try:
+        position = int(np.asarray(index).item()) if not isinstance(index, int) else index
+    except (TypeError, ValueError):
+        raise TypeError(f"pair indices are integers, got {type(index).__name__}") from None
+    if position < 0:
+        position += length
+    if not 0 <= position < length:
+        raise IndexError(f"pair index {index} out of range for {length} pairs")
+    return position
+
+
+def torch_pair(image: np.ndarray, mask: np.ndarray) -> tuple[Any, Any]:
+    """``transform`` for PyTorch: image ``float32 [C, H, W]`` in [0, 1] (``value / 255``,
+    the floats of ``tfshards.read(image_dtype="float32")``, bit for bit), mask ``int64
+    [H, W]`` class indices (what ``torch.nn.CrossEntropyLoss`` takes as its target)."""
+    import torch
+
+    floats = np.multiply(image, np.float32(1 / 255), dtype=np.float32)
+    chw = np.ascontiguousarray(floats.transpose(2, 0, 1))
+    return torch.from_numpy(chw), torch.from_numpy(mask[:, :, 0].astype(np.int64))

@@ -1,0 +1,271 @@
+"""A bounded local cache of a remote dataset's shards: downloaded whole, checked, shared.
+
+Layout (one folder per dataset, keyed by the sha256s of its shards)::
+
+    <shard cache root>/<key>/train-00003-of-00016.tfrecord     a checked, complete shard
+    <shard cache root>/<key>/.download-<pid>-<name>             a download in progress
+    <shard cache root>/<key>/.locks/<name>.lock                  flock()ed, never trusted by age
+
+A shard is downloaded to a temporary name, its size and sha256 compared with the
+manifest, and renamed into place only when both match; a mismatch is downloaded
+once more, then the read fails naming the object: a corrupt or truncated object
+never reaches training.
+
+Several processes on one host share the folder. Each shard's lock file is held
+exclusively while it is downloaded (others wait, then find it present: one
+download per host) and shared while a process reads it, so eviction, which
+needs the exclusive lock and does not wait for it, never removes a shard in use.
+Locks are ``flock`` locks: the kernel drops them when a process dies, so a crash
+leaves nothing that blocks the next run.
+
+With a size limit, the least recently used shards not in use are evicted before
+each download so that the complete shards plus the incoming one stay within it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from tfshards import storage
+from tfshards.download_process import DownloadProcess
+from tfshards.errors import TfshardsError
+from tfshards.schemas.manifest import Manifest, ShardInfo
+from tfshards.sources.folders import process_alive
+
+LOCKS_DIR = ".locks"
+DOWNLOAD_PREFIX = ".download-"
+log = logging.getLogger("tfshards")
+
+
+class ShardCheckError(TfshardsError):
+    """A downloaded shard does not match the manifest's size and sha256."""
+
+
+def shard_cache_key(manifest: Manifest) -> str:
+    """The dataset's identity: every shard's name and sha256 (same shards, same folder)."""
+    body = sorted(
+        (shard.file, shard.sha256) for split in manifest.splits.values() for shard in split.shards
+    )
+    return hashlib.sha256(json.dumps(body).encode()).hexdigest()[:24]
+
+
+class ShardCache:
+    """Local copies of a remote dataset's shards, at most ``limit`` bytes of them.
+
+    ``ensure(shard)`` downloads a shard unless it is here (the reader calls it for the
+    next shards, a few at a time, from tf.data's own threads); ``fetch(shard)`` returns
+    the local path of a checked copy (waiting for or doing its download) and marks it in
+    use until ``release(shard)``. At most ``keep`` shards stay
+    marked, the oldest unmarked first, so a reader stopped mid-shard leaks nothing.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        remote_root: str,
+        *,
+        limit: int | None = None,
+        keep: int = 16,
+        storage_options: storage.StorageOptions = None,
+    ) -> None:
+        self.folder = folder
+        self.remote_root = remote_root
+        self.limit = limit
+        self.keep = keep
+        self.storage_options = storage_options
+        self.downloads = 0  # by this process: what tests and logs count
+        self._in_use: OrderedDict[str, tuple[int, int]] = OrderedDict()  # file -> (fd, uses)
+        self._mutex = threading.Lock()
+        self._room = threading.Lock()
+        self._reserved = 0  # bytes of this process's downloads in flight
+        # Callers are tf.data's threads: transfers run in a helper process, never on
+        # fsspec's loop thread here (see download_process.py for the hang this avoids).
+        self._transfers = DownloadProcess()
+        if storage.is_url(remote_root):
+            self._transfers.prepare()
+        (folder / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_downloads(folder)
+
+    def ensure(self, shard: ShardInfo) -> None:
+        """Download ``shard`` unless it is here (without marking it in use)."""
+        os.close(self._locked_present(shard))
+
+    def fetch(self, shard: ShardInfo) -> str:
+        """The local path of a checked copy of ``shard``, marked in use by this process."""
+        fd = self._locked_present(shard)
+        self._mark_in_use(shard.file, fd)
+        return str(self.folder / shard.file)
+
+    def release(self, shard: ShardInfo) -> None:
+        """One reader of ``shard`` is done with it."""
+        with self._mutex:
+            fd, uses = self._in_use.get(shard.file, (None, 0))
+            if fd is None:
+                return
+            if uses > 1:
+                self._in_use[shard.file] = (fd, uses - 1)
+            else:
+                del self._in_use[shard.file]
+                os.close(fd)
+
+    def _locked_present(self, shard: ShardInfo) -> int:
+        """Make ``shard`` present; return a descriptor holding its lock shared."""
+        path = self.folder / shard.file
+        fd = os.open(self.folder / LOCKS_DIR / f"{shard.file}.lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while another process downloads it
+            if not _complete(path, shard):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # converts: one process downloads
+                if not _complete(path, shard):
+                    self._download(shard, path)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            os.utime(path)  # the least recently used shards are evicted first
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def usage(self) -> int:
+        """Bytes of the complete shards and of the downloads in progress: this process's
+        at their full size, other processes' at the size they have reached."""
+        mine = f"{DOWNLOAD_PREFIX}{os.getpid()}-"
+        return self._reserved + sum(
+            _size(p) for p in self.folder.iterdir() if p.is_file() and not p.name.startswith(mine)
+        )
+
+    def _mark_in_use(self, name: str, fd: int) -> None:
+        with self._mutex:
+            old, uses = self._in_use.pop(name, (None, 0))
+            if old is not None:
+                os.close(fd)  # one descriptor per shard holds the lock
+                fd = old
+            self._in_use[name] = (fd, uses + 1)
+            while len(self._in_use) > self.keep:
+                os.close(self._in_use.popitem(last=False)[1][0])
+
+    def _download(self, shard: ShardInfo, path: Path) -> None:
+        with self._room:
+            self._make_room(shard.bytes)
+            self._reserved += shard.bytes
+        try:
+            self._download_checked(shard, path)
+        finally:
+            with self._room:
+                self._reserved -= shard.bytes
+
+    def _download_checked(self, shard: ShardInfo, path: Path) -> None:
+        url = storage.join(self.remote_root, shard.file)
+        for attempt in (1, 2):
+            partial = self.folder / f"{DOWNLOAD_PREFIX}{os.getpid()}-{shard.file}"
+            try:
+                self._transfer(url, partial)
+                self.downloads += 1
+                problem = _mismatch(partial, shard)
+                if problem is None:
+                    os.replace(partial, path)
+                    log.debug("downloaded %s", storage.display(url))
+                    return
+            finally:
+                partial.unlink(missing_ok=True)
+            log.warning("%s: %s (attempt %d of 2)", storage.display(url), problem, attempt)
+        raise ShardCheckError(
+            f"{storage.display(url)}: {problem}; the object is corrupt, truncated or was "
+            "replaced after the manifest was written; refused (nothing of it was read). "
+            "Run `tfshards verify` on the dataset, or convert it again"
+        )
+
+    def _transfer(self, url: str, partial: Path) -> None:
+        if storage.is_url(url):
+            self._transfers.get(url, partial, self.storage_options)
+        else:
+            storage.get(url, partial, self.storage_options)
+
+    def _make_room(self, incoming: int) -> None:
+        """Evict least recently used shards not in use until ``incoming`` more bytes fit."""
+        if self.limit is None:
+            return
+        used = self.usage()
+        shards = sorted(
+            (p for p in self.folder.iterdir() if p.is_file() and not p.name.startswith(".")),
+            key=_mtime,
+        )
+        for candidate in shards:
+            if used + incoming <= self.limit:
+                return
+            if candidate.name in self._in_use:
+                continue
+            freed = _evict(candidate, self.folder / LOCKS_DIR / f"{candidate.name}.lock")
+            used -= freed
+        if used + incoming > self.limit:
+            log.warning(
+                "shard cache %s: %d MiB in use by readers; over the limit of %d MiB for now",
+                self.folder,
+                used // 2**20,
+                self.limit // 2**20,
+            )
+
+
+def _remove_abandoned_downloads(folder: Path) -> None:
+    """Partial downloads of processes that no longer run (killed mid-download)."""
+    for partial in folder.glob(f"{DOWNLOAD_PREFIX}*"):
+        pid = partial.name[len(DOWNLOAD_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            partial.unlink(missing_ok=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # evicted or renamed meanwhile
+        return 0
+
+
+def _complete(path: Path, shard: ShardInfo) -> bool:
+    """Present at its full size: a file reaches this name only after its sha256 matched."""
+    try:
+        return path.stat().st_size == shard.bytes
+    except FileNotFoundError:
+        return False
+
+
+def _mismatch(path: Path, shard: ShardInfo) -> str | None:
+    size = path.stat().st_size
+    if size != shard.bytes:
+        return f"downloaded {size} bytes but the manifest says {shard.bytes}"
+    digest = storage.sha256_file(path)
+    if digest != shard.sha256:
+        return f"sha256 {digest[:16]}... of the download differs from the manifest's"
+    return None
+
+
+def _evict(path: Path, lock: Path) -> int:
+    """Remove ``path`` unless a process holds its lock; the bytes freed."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return 0
+    try:
+        size = path.stat().st_size
+        path.unlink()
+        log.debug("evicted %s from the shard cache", path.name)
+        return size
+    except FileNotFoundError:
+        return 0
+    finally:
+        os.close(fd)
