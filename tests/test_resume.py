@@ -194,3 +194,31 @@ def test_state_json_round_trip(dataset):
     assert (state.epoch, state.records_done) == (1, 28)
     assert tfshards.ReadState.from_json(state.to_json()) == state
     assert json.loads(state.to_json())["seed"] == 5
+
+
+AUGMENT = """
+import hashlib, sys, keras, tfshards
+layer = keras.layers.Pipeline(
+    [keras.layers.RandomFlip("horizontal", seed=1), keras.layers.RandomRotation(0.2, seed=2)]
+)
+path, start, skip = sys.argv[1], sys.argv[2], int(sys.argv[3])
+start = None if start == "-" else tuple(int(v) for v in start.split(","))
+ds = tfshards.read(path, batch_size=4, seed=3, augment=layer, start=start, repeat=True)
+for image, mask in ds.skip(skip).take(4):
+    print(hashlib.sha1(image.numpy().tobytes() + mask.numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_augmented_batches_resume_exactly(dataset, backend):
+    def run(start: str, skip: int) -> list[str]:
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+        args = [sys.executable, "-c", AUGMENT, str(dataset), start, str(skip)]
+        out = subprocess.run(args, capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()
+
+    per_epoch = int(tfshards.read(dataset, batch_size=4, seed=3).cardinality())
+    uninterrupted = run("-", per_epoch + 2)  # epoch 1 from batch 2, reached by reading
+    assert len(uninterrupted) == 4 and uninterrupted == run("-", per_epoch + 2)
+    assert run("1,2", 0) == uninterrupted, "started there: the same augmented batches"

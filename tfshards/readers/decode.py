@@ -57,7 +57,7 @@ class PairDecoder:
 
     def parse_sized(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
         """[B] serialized records -> their pixel fields and sizes, for ``decode_one``."""
-        return tf.io.parse_example(serialized, _spec(_PIXELS + _SIZE))
+        return tf.io.parse_example(serialized, _spec(_PIXELS + _OWN))
 
     def decode_one(self, features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         """One parsed record -> uint8 pair, resized to ``shape`` when it differs."""
@@ -305,7 +305,14 @@ def layer_augmenter(layer, shards: SplitShards, one_hot: bool, image_dtype: str 
     encode = one_hot_encoder(shards) if one_hot else None
     layer = as_pipeline(layer)
 
-    def augment(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def augment(
+        image: tf.Tensor, mask: tf.Tensor, key: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """``key`` ([2] int64, from (seed, step)) reseeds the layer's generators first, so
+        the batch's random draws depend on its position, not on how many came before."""
+        if key is not None:
+            with tf.control_dependencies(reseeded(layer, key)):
+                image, mask = tf.identity(image), tf.identity(mask)
         out = layer({"images": image, "segmentation_masks": mask}, training=True)
         image, moved = out["images"], out["segmentation_masks"]
         mask = tf.cast(tf.round(moved) if moved.dtype.is_floating else moved, mask.dtype)
@@ -314,6 +321,39 @@ def layer_augmenter(layer, shards: SplitShards, one_hot: bool, image_dtype: str 
         return image, mask if encode is None else encode(mask)
 
     return augment
+
+
+def reseeded(layer, key: tf.Tensor) -> list[tf.Tensor]:
+    """Set the state of every seed generator of ``layer`` (and the layers inside it) from
+    ``key``, inside tf.data. On a non-TensorFlow backend Keras draws there from a
+    TensorFlow twin of each generator (``_get_seed_generator("tensorflow")``); that one
+    is set. Returns the assignments, to run before the layer."""
+    import keras
+
+    inner_layers = layer._flatten_layers(include_self=True)
+    native = keras.backend.backend() == "tensorflow"
+    assignments, number = [], 0
+    for inner in inner_layers:
+        generators = list(getattr(inner, "_seed_generators", []))
+        if not native and hasattr(inner, "_get_seed_generator") and hasattr(inner, "generator"):
+            inner.backend.set_backend("tensorflow")
+            try:
+                generators = [inner._get_seed_generator("tensorflow")]
+            finally:
+                inner.backend.reset()
+        for generator in generators:
+            value = tf.cast(key + [number, 0], generator.state.dtype)
+            assignments.append(_assign(generator.state, value))
+            number += 1
+    return assignments
+
+
+def _assign(variable, value: tf.Tensor):
+    """Assign to a Keras variable's TensorFlow variable (whatever the Keras backend)."""
+    target = getattr(variable, "value", variable)
+    if isinstance(target, tf.Variable):
+        return target.assign(value)
+    return variable.assign(value)
 
 
 def as_pipeline(layer):

@@ -137,16 +137,21 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
     if finishing.per_pair_augment:  # a function of one pair: mapped over the batch
         finish = _per_pair(finish, plan.shape)
 
+    # The augmentation layer's draws for a batch come from (seed, step) alone.
+    seed_key = tf.constant(plan.order_seed % 2**62, tf.int64)
+
     def finished(step, image, mask):
         image, mask = finish(image, mask)
         if finishing.layer is not None:
-            image, mask = finishing.layer(image, mask, step)
+            image, mask = finishing.layer(image, mask, tf.stack([seed_key, step]))
         return image, mask
 
     # Sequential when a layer draws random numbers: its draws are seeded per batch, and a
     # layer's seed generator is one variable shared by every call.
-    parallel = None if finishing.layer is not None else AUTOTUNE
-    batches = batches.map(finished, num_parallel_calls=parallel, deterministic=True)
+    if finishing.layer is not None:
+        batches = batches.map(finished)
+    else:
+        batches = batches.map(finished, num_parallel_calls=AUTOTUNE, deterministic=True)
     dataset = batches.prefetch(AUTOTUNE)
     dataset._tfshards_reader = reader  # found by ResumeCallback (resume.py)
     return dataset

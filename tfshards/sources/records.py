@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from tfshards import storage
-from tfshards.errors import DatasetChangedError, OptionsError
+from tfshards.errors import DatasetChangedError, ManifestError, OptionsError
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import compression
 from tfshards.schemas.offsets import RecordOffsets, read_record, shard_offsets
@@ -166,9 +166,16 @@ class SplitRecords:
             if number not in self._offsets:
                 shard = self.shards.shards[number]
                 path = Path(self._local_path(number))
-                self._offsets[number] = shard_offsets(
+                offsets = shard_offsets(
                     path, shard.sha256, os.fstat(fd).st_size, self.offsets_folder
                 )
+                if len(offsets) != shard.records:
+                    raise ManifestError(
+                        f"{self.shards.paths[number]}: {len(offsets)} records, but the manifest "
+                        f"says {shard.records}; the manifest was edited or belongs to other "
+                        "shards: convert again (`tfshards verify` shows the differences)"
+                    )
+                self._offsets[number] = offsets
             return fd, self._offsets[number]
 
     def _reset_locked(self) -> None:
