@@ -18,7 +18,7 @@ import tensorflow as tf
 if TYPE_CHECKING:
     import keras
 
-from tfshards.errors import OptionsError
+from tfshards.errors import OptionsError, TfshardsError
 from tfshards.readers import stages
 from tfshards.readers.cache import DiskCache, default_cache_root
 from tfshards.readers.cache.store import PairStore
@@ -28,6 +28,8 @@ from tfshards.readers.ordered import ordered_dataset
 from tfshards.readers.plan import plan_read
 from tfshards.readers.resume import ReadState
 from tfshards.readers.source import shard_records
+from tfshards.schemas.manifest import Manifest
+from tfshards.sources.records import dataset_changed, file_identity
 
 STAGES = (
     stages.shuffled_records,
@@ -133,4 +135,26 @@ def pair_store(plan) -> PairStore | None:
     root = plan.cache.root or default_cache_root(shards.root)
     cache = DiskCache.for_split(root, shards, shape, (0, 1))
     cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
-    return PairStore(shards.records, shape, cache, unchanged=plan.records.check_unchanged)
+    return PairStore(shards.records, shape, cache, unchanged=unchanged_check(plan))
+
+
+def unchanged_check(plan):
+    """A check, run before a disk cache is published, that the dataset is still the one
+    the read began with: its manifest and every shard file (else DatasetChangedError)."""
+    shards = plan.shards
+    identities = {path: file_identity(path) for path in shards.paths}
+
+    def check() -> None:
+        try:
+            manifest = Manifest.load(shards.root, plan.options.storage_options)
+        except TfshardsError:
+            manifest = None
+        if manifest != shards.manifest:
+            raise dataset_changed(str(shards.root), "its manifest is another one now")
+        if shards.remote:
+            return  # downloaded shards were checked against the manifest's sha256s
+        for path, identity in identities.items():
+            if file_identity(path) != identity:
+                raise dataset_changed(path, "another file now has its name")
+
+    return check

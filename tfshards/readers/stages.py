@@ -53,6 +53,8 @@ def served(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
 
 def cached(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     """Pairs through the cache asked for: memory, or a disk entry (built or read)."""
+    from tfshards.readers.pipeline import unchanged_check
+
     if plan.cache.kind == "memory":
         return pairs.cache()
     if plan.cache.kind != "disk":
@@ -70,6 +72,7 @@ def cached(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
         deterministic=plan.order.deterministic,
         after=(lambda ds: _batch(ds, plan)) if at_cache else None,
         shuffle_buffer=plan.shuffle_buffer(serialized=False),
+        unchanged=unchanged_check(plan),
     )
 
 

@@ -190,10 +190,10 @@ class SplitRecords:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            raise _changed(path, "it is gone") from None
+            raise dataset_changed(path, "it is gone") from None
         if path is self.shards.paths[number] and _identity(os.fstat(fd)) != self.identities[number]:
             os.close(fd)
-            raise _changed(path, "another file now has its name")
+            raise dataset_changed(path, "another file now has its name")
         self._files[number] = fd
         while len(self._files) > self.open_files:
             self._close_locked(next(iter(self._files)))
@@ -246,9 +246,9 @@ class SplitRecords:
         try:
             identity = _identity(os.stat(path))
         except FileNotFoundError:
-            raise _changed(path, "it is gone") from None
+            raise dataset_changed(path, "it is gone") from None
         if identity != self.identities[number]:
-            raise _changed(path, "another file now has its name")
+            raise dataset_changed(path, "another file now has its name")
 
     def _shard_cache(self) -> ShardCache:
         with self._cache_lock:
@@ -286,7 +286,15 @@ def _identity(stat: os.stat_result) -> Identity:
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
-def _changed(path: str, how: str) -> DatasetChangedError:
+def file_identity(path: str) -> Identity | None:
+    """(device, inode, size, mtime) of a file; None when it is gone."""
+    try:
+        return _identity(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
+def dataset_changed(path: str, how: str) -> DatasetChangedError:
     return DatasetChangedError(
         f"{path}: the dataset was replaced while it was being read ({how}; e.g. by "
         "`tfshards convert --overwrite`); no pairs of the new version were mixed in: "
