@@ -273,25 +273,20 @@ def _shard_counts(delta: int):
 def test_record_counts_other_than_the_manifests_stop_the_read_in_tfshards_words(
     square, tmp_path, encoding
 ):
+    # The ordered reader finds every shard's records by their offsets, so a count that
+    # disagrees stops the read when the shard is first opened, naming it.
+    message = r"train-0000\d-of-00002\.tfrecord: \d+ records, but the manifest says \d+"
     more = edited_copy(square[encoding], tmp_path / "more", _shard_counts(5))
-    with pytest.raises(
-        tf.errors.InvalidArgumentError,
-        match=rf"{more} \(split train\): the shards hold 16 records where its manifest lists 21",
-    ):
+    with pytest.raises(tf.errors.OpError, match=message):
         list(tfshards.read(more, batch_size=4, seed=0))
-    # deflate counts at the batch, which drops the 16th record; PNG counts all records
-    dropped = r"hold (15 records in full batches of 5|16 records) where its manifest lists 21"
-    with pytest.raises(tf.errors.InvalidArgumentError, match=dropped):
+    with pytest.raises(tf.errors.OpError, match=message):
         list(tfshards.read(more, batch_size=5, seed=0, drop_remainder=True))
     fewer = edited_copy(square[encoding], tmp_path / "fewer", _shard_counts(-5))
     batches = []
-    with pytest.raises(
-        tf.errors.InvalidArgumentError,
-        match=rf"{fewer} \(split train\): the shards hold more than 11 records where its manifest",
-    ):
+    with pytest.raises(tf.errors.OpError, match=message):
         for batch in tfshards.read(fewer, batch_size=4, shuffle=False):
             batches.append(batch)
-    assert len(batches) <= 3, "stopped at the first record past the count"
+    assert len(batches) <= 3, "stopped at the first batch of the shard"
 
 
 def test_a_record_whose_byte_count_disagrees_with_its_size_is_refused():

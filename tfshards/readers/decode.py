@@ -7,9 +7,11 @@ deflate records of one size are decoded a whole batch at a time; PNG/JPEG
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
@@ -292,7 +294,9 @@ def is_keras_layer(augment) -> bool:
     return isinstance(augment, keras.layers.Layer)
 
 
-def layer_augmenter(layer, shards: SplitShards, one_hot: bool, image_dtype: str = "float32"):
+def layer_augmenter(
+    layer, shards: SplitShards, one_hot: bool, image_dtype: str = "float32", seed: int | None = None
+):
     """Finished batches -> the same through a Keras augmentation layer, then one-hot.
 
     Keras 3 augmentation layers transform ``segmentation_masks`` with the images
@@ -306,12 +310,12 @@ def layer_augmenter(layer, shards: SplitShards, one_hot: bool, image_dtype: str 
     layer = as_pipeline(layer)
 
     def augment(
-        image: tf.Tensor, mask: tf.Tensor, key: tf.Tensor | None = None
+        image: tf.Tensor, mask: tf.Tensor, step: tf.Tensor | None = None
     ) -> tuple[tf.Tensor, tf.Tensor]:
-        """``key`` ([2] int64, from (seed, step)) reseeds the layer's generators first, so
-        the batch's random draws depend on its position, not on how many came before."""
-        if key is not None:
-            with tf.control_dependencies(reseeded(layer, key)):
+        """``step`` (the batch's position) reseeds the layer's generators first, so a
+        batch's random draws depend on its position, not on how many came before."""
+        if step is not None:
+            with tf.control_dependencies(reseeded(layer, step, seed)):
                 image, mask = tf.identity(image), tf.identity(mask)
         out = layer({"images": image, "segmentation_masks": mask}, training=True)
         image, moved = out["images"], out["segmentation_masks"]
@@ -323,29 +327,47 @@ def layer_augmenter(layer, shards: SplitShards, one_hot: bool, image_dtype: str 
     return augment
 
 
-def reseeded(layer, key: tf.Tensor) -> list[tf.Tensor]:
-    """Set the state of every seed generator of ``layer`` (and the layers inside it) from
-    ``key``, inside tf.data. On a non-TensorFlow backend Keras draws there from a
-    TensorFlow twin of each generator (``_get_seed_generator("tensorflow")``); that one
-    is set. Returns the assignments, to run before the layer."""
+def reseeded(layer, step: tf.Tensor, seed: int | None) -> list[tf.Tensor]:
+    """Set every seed generator of ``layer`` (and of the layers inside it) to
+    ``[base + n, step]``, inside tf.data: ``base`` is the generator's own seed (the
+    layer's ``seed=``), else read()'s ``seed``, else a number drawn once per process;
+    ``n`` numbers the generators so that no two draw alike. On a non-TensorFlow backend
+    Keras draws in tf.data from a TensorFlow twin of each generator
+    (``_get_seed_generator("tensorflow")``); that one is set. Returns the assignments."""
     import keras
 
-    inner_layers = layer._flatten_layers(include_self=True)
     native = keras.backend.backend() == "tensorflow"
-    assignments, number = [], 0
-    for inner in inner_layers:
-        generators = list(getattr(inner, "_seed_generators", []))
+    assignments = []
+    for number, (owner, generator) in enumerate(_generators(layer, native)):
+        base = generator._initial_seed
+        if base is None:
+            base = getattr(owner, "seed", None) if seed is None else seed
+        if base is None:
+            base = _process_seed()
+        key = tf.stack([tf.constant(int(base) + 7919 * number, tf.int64), step])
+        assignments.append(_assign(generator.state, tf.cast(key, generator.state.dtype)))
+    return assignments
+
+
+def _generators(layer, native: bool) -> list:
+    """(layer, seed generator) pairs of a layer and the layers inside it."""
+    found = []
+    for inner in layer._flatten_layers(include_self=True):
         if not native and hasattr(inner, "_get_seed_generator") and hasattr(inner, "generator"):
             inner.backend.set_backend("tensorflow")
             try:
-                generators = [inner._get_seed_generator("tensorflow")]
+                found.append((inner, inner._get_seed_generator("tensorflow")))
             finally:
                 inner.backend.reset()
-        for generator in generators:
-            value = tf.cast(key + [number, 0], generator.state.dtype)
-            assignments.append(_assign(generator.state, value))
-            number += 1
-    return assignments
+            continue
+        found += [(inner, generator) for generator in getattr(inner, "_seed_generators", [])]
+    return found
+
+
+@functools.cache
+def _process_seed() -> int:
+    """Layers and reads without a seed: random in each process, as Keras's own are."""
+    return int(np.random.SeedSequence().entropy % 2**31)
 
 
 def _assign(variable, value: tf.Tensor):

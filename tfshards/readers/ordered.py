@@ -137,13 +137,10 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
     if finishing.per_pair_augment:  # a function of one pair: mapped over the batch
         finish = _per_pair(finish, plan.shape)
 
-    # The augmentation layer's draws for a batch come from (seed, step) alone.
-    seed_key = tf.constant(plan.order_seed % 2**62, tf.int64)
-
     def finished(step, image, mask):
         image, mask = finish(image, mask)
         if finishing.layer is not None:
-            image, mask = finishing.layer(image, mask, tf.stack([seed_key, step]))
+            image, mask = finishing.layer(image, mask, step)
         return image, mask
 
     # Sequential when a layer draws random numbers: its draws are seeded per batch, and a

@@ -188,7 +188,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         cache=cache,
         sizing=sizing,
         batching=Batching(batch_size, a["drop_remainder"], shards.records),
-        finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"]),
+        finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"], a["seed"]),
         options=options,
         seed=a["seed"],
         order_seed=_resolved_seed(a["seed"]),
@@ -268,11 +268,15 @@ def _open_at_once(cycle_length: int) -> int:
 
 
 def _finishing(
-    shards: SplitShards, augment: Augment | Any | None, image_dtype: str, one_hot: bool
+    shards: SplitShards,
+    augment: Augment | Any | None,
+    image_dtype: str,
+    one_hot: bool,
+    seed: int | None = None,
 ) -> Finishing:
     """A Keras layer runs on whole finished batches (then one-hot); a function per pair."""
     if is_keras_layer(augment):
-        layer = layer_augmenter(augment, shards, one_hot, image_dtype)
+        layer = layer_augmenter(augment, shards, one_hot, image_dtype, seed)
         return Finishing(finisher(shards, image_dtype, None, False), False, layer)
     return Finishing(finisher(shards, image_dtype, augment, one_hot), augment is not None, None)
 
