@@ -191,7 +191,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"], a["seed"]),
         options=options,
         seed=a["seed"],
-        order_seed=_resolved_seed(a["seed"]),
+        order_seed=_resolved_seed(a["seed"], pipeline[1]),
         pipeline=pipeline,
         service=a["service"],
         repeat=a["repeat"],
@@ -234,10 +234,13 @@ def _group_shards(shards: SplitShards, options: ReadOptions) -> int:
     return group
 
 
-def _resolved_seed(seed: int | None) -> int:
-    """The order's seed: the one given, or one drawn for this read() call."""
+def _resolved_seed(seed: int | None, pipelines: int) -> int:
+    """The order's seed: the one given, else one drawn for this read() call; with several
+    input pipelines 0, so that pipelines on other hosts share one order."""
     if seed is not None:
         return int(seed)
+    if pipelines > 1:
+        return 0
     return int(np.random.SeedSequence().entropy % 2**63)
 
 
