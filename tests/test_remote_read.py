@@ -352,6 +352,7 @@ def test_input_pipelines_of_a_remote_dataset_read_disjoint_equal_parts(
         ds = tfshards.read(
             url,
             batch_size=4,
+            image_dtype="uint8",
             input_context=context,
             options=ReadOptions(shard_cache=tmp_path / f"shards{pipeline}"),
         )
