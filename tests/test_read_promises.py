@@ -354,3 +354,31 @@ def test_an_unwritable_user_cache_folder_is_named_with_the_cause(small, tmp_path
             tfshards.read(dataset, cache=True)
     finally:
         dataset.chmod(0o755)
+
+
+def test_image_pixels_of_another_size_than_their_record_says_are_refused():
+    from tfshards.readers.decode import PairDecoder
+    from tfshards.schemas.format import image_encoding, mask_encoding
+
+    def png(height: int, width: int, channels: int) -> bytes:
+        buffer = io.BytesIO()
+        pixels = np.zeros((height, width, channels), np.uint8)
+        Image.fromarray(pixels[:, :, 0] if channels == 1 else pixels).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    decoder = PairDecoder((None, None, 3), None, image_encoding("png"), mask_encoding("png"),
+                          where="d (split train)")  # fmt: skip
+    features = {
+        "key": tf.constant("k1"),
+        "image/encoded": tf.constant(png(4, 6, 3)),
+        "image/height": tf.constant(5, tf.int64),
+        "image/width": tf.constant(6, tf.int64),
+        "image/channels": tf.constant(3, tf.int64),
+        "mask/encoded": tf.constant(png(5, 6, 1)),
+        "mask/channels": tf.constant(1, tf.int64),
+    }
+    says = r"d \(split train\): record k1 says 5x6 \(HxW\) but its pixels decode to image 4x6"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=says):
+        decoder.decode_one(features)
+    image, mask = decoder.decode_one({**features, "image/encoded": tf.constant(png(5, 6, 3))})
+    assert image.shape == (5, 6, 3) and mask.shape == (5, 6, 1)
