@@ -273,6 +273,7 @@ def test_cli_exit_codes_and_messages(tmp_path, capsys):
     assert exit_info.value.code == 2
 
 
+# Issue 28 point 9.
 def test_a_split_left_empty_is_refused_before_anything_is_written(tmp_path, capsys):
     images, masks = write_pairs(tmp_path / "data", 5)
     out = tmp_path / "out"

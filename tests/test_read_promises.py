@@ -30,6 +30,7 @@ def small(tmp_path_factory) -> Path:
     return root / "shards"
 
 
+# Issue 28 point 8.
 @pytest.mark.parametrize(
     ("arguments", "match"),
     [
@@ -53,12 +54,14 @@ def test_bad_arguments_are_refused_by_tfshards(small, tmp_path, monkeypatch, arg
     assert list(tmp_path.iterdir()) == [], "nothing is written into the current folder"
 
 
+# Issue 28 point 8.
 def test_numpy_integers_and_a_folder_named_like_a_keyword_are_accepted(small, tmp_path):
     ds = tfshards.read(small, batch_size=np.int64(4), seed=np.int32(1), image_size=(8, 8))
     assert next(iter(ds))[0].shape == (4, 8, 8, 3)
     tfshards.read(small, batch_size=4, cache=tmp_path / "Memory")  # a Path is a folder
 
 
+# Issue 28 point 5.
 def test_pad_to_smaller_than_fixed_size_records_says_so_at_read(small):
     with pytest.raises(OptionsError, match=r"a record is larger than pad_to=\(8, 12\).*16x12"):
         tfshards.read(small, pad_to=(8, 12))
@@ -75,6 +78,7 @@ def _flipped_or_same(batch: np.ndarray, plain: np.ndarray) -> list[bool]:
     return out
 
 
+# Issue 28 point 2.
 @pytest.mark.parametrize("sequential", [False, True])
 def test_uint8_asked_is_uint8_delivered_through_a_keras_layer(small, sequential):
     import keras
@@ -114,6 +118,7 @@ print("fit ok")
 """
 
 
+# Issue 28 point 3.
 def test_a_keras_sequential_augments_under_the_jax_backend(small):
     import subprocess
     import sys
@@ -178,6 +183,7 @@ def jpeg_masks(masks: Path, classes: int = 4) -> None:
         path.unlink()
 
 
+# Issue 28 point 1.
 @pytest.mark.parametrize(
     ("encoding", "image_format", "channels"),
     [
@@ -200,6 +206,7 @@ def test_read_gives_the_pixels_the_python_decoder_gives(tmp_path, encoding, imag
     assert assert_read_equals_python_decoder(out) == 12
 
 
+# Issue 28 point 1.
 def test_jpeg_masks_are_stored_as_png_of_the_labels_validated(tmp_path):
     images, masks = write_pairs(tmp_path / "data", 10, size=(40, 40), image_format="jpeg")
     jpeg_masks(masks)
@@ -247,6 +254,7 @@ HEIGHT_SAYS = r"it holds 32x32x3 \(HxWxC\) pixels, the manifest says 16x32"
 CHANNELS_SAYS = r"it holds 32x32x3 .*the manifest says 32x32 with 1 channels and masks 1"
 
 
+# Issue 28 point 7.
 @pytest.mark.parametrize("encoding", ["deflate", "png"])
 @pytest.mark.parametrize("cache", [None, "memory"])
 @pytest.mark.parametrize(("edit", "says"), [(_height, HEIGHT_SAYS), (_channels, CHANNELS_SAYS)])
@@ -269,6 +277,7 @@ def _shard_counts(delta: int):
     return edit
 
 
+# Issue 28 point 7.
 @pytest.mark.parametrize("encoding", ["deflate", "png"])
 def test_record_counts_other_than_the_manifests_stop_the_read_in_tfshards_words(
     square, tmp_path, encoding
@@ -289,6 +298,7 @@ def test_record_counts_other_than_the_manifests_stop_the_read_in_tfshards_words(
     assert len(batches) <= 3, "stopped at the first batch of the shard"
 
 
+# Issue 28 point 7.
 def test_a_record_whose_byte_count_disagrees_with_its_size_is_refused():
     from tfshards.schemas.format import PIXEL_FORMATS
 
@@ -304,6 +314,7 @@ def read_only(dataset: Path, monkeypatch) -> None:
     monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: Path(path) != dataset)
 
 
+# Issue 28 point 6.
 def test_cache_cli_sees_and_clears_the_cache_of_a_read_only_dataset(
     small, tmp_path, monkeypatch, capsys
 ):
@@ -337,6 +348,7 @@ def _refused(path, *args, **kwargs):
     raise PermissionError(13, "Permission denied", str(path))
 
 
+# Issue 28 point 6.
 def test_an_unwritable_user_cache_folder_is_named_with_the_cause(small, tmp_path, monkeypatch):
     dataset = shutil.copytree(small, tmp_path / "dataset")
     (tmp_path / "file").write_text("not a folder")
@@ -349,3 +361,32 @@ def test_an_unwritable_user_cache_folder_is_named_with_the_cause(small, tmp_path
             tfshards.read(dataset, cache=True)
     finally:
         dataset.chmod(0o755)
+
+
+# Issue 28 point 7.
+def test_image_pixels_of_another_size_than_their_record_says_are_refused():
+    from tfshards.readers.decode import PairDecoder
+    from tfshards.schemas.format import image_encoding, mask_encoding
+
+    def png(height: int, width: int, channels: int) -> bytes:
+        buffer = io.BytesIO()
+        pixels = np.zeros((height, width, channels), np.uint8)
+        Image.fromarray(pixels[:, :, 0] if channels == 1 else pixels).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    decoder = PairDecoder((None, None, 3), None, image_encoding("png"), mask_encoding("png"),
+                          where="d (split train)")  # fmt: skip
+    features = {
+        "key": tf.constant("k1"),
+        "image/encoded": tf.constant(png(4, 6, 3)),
+        "image/height": tf.constant(5, tf.int64),
+        "image/width": tf.constant(6, tf.int64),
+        "image/channels": tf.constant(3, tf.int64),
+        "mask/encoded": tf.constant(png(5, 6, 1)),
+        "mask/channels": tf.constant(1, tf.int64),
+    }
+    says = r"d \(split train\): record k1 says 5x6 \(HxW\) but its pixels decode to image 4x6"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=says):
+        decoder.decode_one(features)
+    image, mask = decoder.decode_one({**features, "image/encoded": tf.constant(png(5, 6, 3))})
+    assert image.shape == (5, 6, 3) and mask.shape == (5, 6, 1)

@@ -44,6 +44,12 @@ class PairDecoder:
     records: int | None = None  # the records a pass must hold; None: not counted
     channels: int | None = None  # the manifest's image channels (default: shape's)
 
+    def __post_init__(self) -> None:
+        if self.records is not None and self.records < 0:
+            raise ValueError(f"records must be None or at least 0, got {self.records}")
+        if self.channels is not None and self.channels not in (1, 3, 4):
+            raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
+
     @property
     def whole_batches(self) -> bool:
         """True when a batch of records decodes with one op per field, no per-record work."""
