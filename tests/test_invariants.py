@@ -51,11 +51,10 @@ FACTORS = {
     "batch_size": (4, 5),
 }
 EPOCHS = 2
-# Issue 28 point 10: streaming, shuffled and unseeded, the partial batch is sometimes not
-# last ([5, 5, 5, 3, 5]: tf.data's non-deterministic parallel batching). Until the reader's
-# ordering rewrite fixes it, such combinations run with this seed (all others as drawn);
-# set it to None to check the rewrite against them.
-POINT_10_SEED: int | None = 28
+# Issue 28 point 10: streaming, shuffled and unseeded, the partial batch was sometimes not
+# last ([5, 5, 5, 3, 5]: tf.data's non-deterministic parallel batching). The ordered reader
+# batches each epoch's order in place, so these combinations run unseeded, as drawn.
+POINT_10_SEED: int | None = None
 
 
 @dataclass(frozen=True)
@@ -255,12 +254,6 @@ def test_read_invariants_over_a_sample_of_its_options(tmp_path):
     assert len(combinations) == 22
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 28: the disk cache's building pass shuffles pairs otherwise than its "
-    "cached passes, so the first epoch's order depends on whether the cache was ready "
-    "(stage.py, in the reader's ordering rewrite)",
-)
 def test_a_ready_disk_cache_serves_the_epochs_its_builder_served(tmp_path):
     pytest.importorskip("tensorflow")
     combination = Combination("deflate", "none", "disk", "uint8", True, 7, "fixed", False, 5)

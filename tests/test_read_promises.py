@@ -390,3 +390,16 @@ def test_image_pixels_of_another_size_than_their_record_says_are_refused():
         decoder.decode_one(features)
     image, mask = decoder.decode_one({**features, "image/encoded": tf.constant(png(5, 6, 3))})
     assert image.shape == (5, 6, 3) and mask.shape == (5, 6, 1)
+
+
+@pytest.mark.parametrize("sizing", [{}, {"pad_to": (8, 8)}], ids=["ordered", "padded"])
+def test_point_10_the_short_batch_is_last_in_every_unseeded_epoch(tmp_path, sizing):
+    from conftest import write_pairs
+
+    images, masks = write_pairs(tmp_path / "data", count=89, size=(8, 8))
+    out = tmp_path / "shards"
+    tfshards.convert(images, masks, out, options=tfshards.ConvertOptions(num_shards=4))
+    ds = tfshards.read(out, batch_size=7, image_dtype="uint8", shuffle=True, **sizing)
+    for _ in range(20):
+        sizes = [int(images.shape[0]) for images, _ in ds]
+        assert sizes == [7] * 12 + [5], sizes

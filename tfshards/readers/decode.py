@@ -215,13 +215,13 @@ def decoded_batches(
         batch_size,
         drop_remainder=drop_remainder,
         num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
+        deterministic=True,  # the short batch last, whatever the thread timing
     )
     batches = counted_batches(
         batches, decoder, batch_size=batch_size, drop_remainder=drop_remainder
     )
     return batches.map(
-        decoder.decode_batch, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        decoder.decode_batch, num_parallel_calls=AUTOTUNE, deterministic=True
     )
 
 
