@@ -99,7 +99,7 @@ class SplitRecords:
             self.open_files = _open_files_within(shards, shard_cache_limit)
             self.identities: list[Identity] = []
         else:
-            self.identities = [_identity(os.stat(path)) for path in shards.paths]
+            self.identities = [_opened_identity(path) for path in shards.paths]
         self._reset()
 
     def _reset(self) -> None:
@@ -284,6 +284,13 @@ class SplitRecords:
 
 def _identity(stat: os.stat_result) -> Identity:
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _opened_identity(path: str) -> Identity:
+    identity = file_identity(path)
+    if identity is None:
+        raise dataset_changed(path, "it is gone")
+    return identity
 
 
 def file_identity(path: str) -> Identity | None:
