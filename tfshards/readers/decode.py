@@ -220,9 +220,7 @@ def decoded_batches(
     batches = counted_batches(
         batches, decoder, batch_size=batch_size, drop_remainder=drop_remainder
     )
-    return batches.map(
-        decoder.decode_batch, num_parallel_calls=AUTOTUNE, deterministic=True
-    )
+    return batches.map(decoder.decode_batch, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def decoded_pairs(
