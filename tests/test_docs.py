@@ -55,9 +55,13 @@ def test_the_cli_reference_is_generated_from_the_parser():
     finally:
         sys.path.remove(str(ROOT / "docs" / "hooks"))
     text = cli_reference()
-    for command in ("synth", "convert", "demo", "verify", "inspect", "export-tfds", "bench"):
+    from tfshards.cli import build_parser
+
+    subcommands = build_parser()._subparsers._group_actions[0].choices
+    assert len(subcommands) >= 8
+    for command, parser in subcommands.items():
         assert f"## `tfshards {command}`" in text
-    assert "### `tfshards cache list`" in text and "--val-fraction" in text
+        assert parser.format_usage().split("\n")[0][len("usage: ") :] in text
 
 
 def _shims(folder: Path) -> Path:
@@ -110,3 +114,19 @@ def test_examples_run(page, tmp_path, request, monkeypatch):
     assert done.returncode == 0, output[-6000:]
     # Keras warns on fit(shuffle=True) with a tf.data dataset; the docs pass shuffle=False.
     assert "will be ignored since the data `x` was provided as a tf.data" not in output
+
+
+def test_the_readme_commands_are_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    skipped = [e for e in examples(ROOT / "README.md") if e.skip]
+    commands = [e.code.strip() for e in skipped if "pip install" in e.code]
+    assert commands == [
+        "python -m pip install . && tfshards demo",
+        'python -m pip install -e ".[test]" && python -m pytest -q',
+    ]
+    for command in commands:
+        assert command in ci, f"{command!r} is not a line of .ci/run"
+        assert readme.count(command) == 1
+    assert any(line.startswith("mkdocs build --strict") or " mkdocs build --strict" in line
+               for line in ci)  # fmt: skip
