@@ -1,5 +1,11 @@
 """Conversion CPU per stage against the decode bound, scaling 1 -> 2 workers, and memory.
 
+Compares: each conversion stage's CPU against Pillow's decode of the same files, and
+whole conversions on 1 and 2 cores (optionally against another version, and peak RSS at
+1x and 4x the data).
+Takes: about 10 minutes at --count 600 on 2 cores (the 1 -> 2 worker rows alone took 4
+minutes); --memory adds a few more.
+
     python benchmarks/convert_speed_memory.py --count 600 --size 256
     python benchmarks/convert_speed_memory.py --before /tmp/old-tfshards   # side by side
     python benchmarks/convert_speed_memory.py --memory    # also peak RSS at 1x and 4x

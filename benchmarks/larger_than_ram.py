@@ -1,5 +1,10 @@
 """Datasets larger than RAM: every reader in a memory-limited cgroup, data 3x the limit.
 
+Compares: each reader against the bare TFRecordDataset read of the same shards (the
+disk's pace), each in a cgroup with a memory limit a third of the data.
+Takes: 30-60 minutes for both cases (it writes several GiB of shards first); needs root
+for the cgroup.
+
     sudo python benchmarks/larger_than_ram.py --limit-mib 1536 --cases rgb512,gray1024
 
 Cases: 512x512 RGB pairs (batch 32) and 1024x1024 grayscale tiles (batch 8), generated

@@ -1,5 +1,10 @@
 """Memory and time of the conversion plan (listing, pairing, splits, shuffle) for many pairs.
 
+Compares: listing + pairing time and the plan's bytes per pair at 100,000 and 1,000,000
+pairs, optionally against another version.
+Takes: a few minutes for --pairs 100000,1000000 listed from memory; --tree first writes
+two million empty files.
+
     python benchmarks/plan_memory.py --pairs 100000,1000000
     python benchmarks/plan_memory.py --pairs 100000 --tree      # real empty files in /tmp
     python benchmarks/plan_memory.py --pairs 100000 --before /tmp/old-tfshards  # side by side

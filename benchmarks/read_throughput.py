@@ -1,6 +1,11 @@
 """Reading throughput: tfshards.read against the hand-written Keras pipeline and against the
 measured bound of each path, same data, one run.
 
+Compares: tfshards.read (streaming per encoding, and cache=True) against the
+hand-written Keras pipeline and each path's measured bound, side by side on one dataset.
+Takes: about 15-25 minutes at --count 2000 on 2 cores with the 1-core/2-core and RSS
+rows (a run with --reuse --no-scaling --no-rss --repeats 3 took about 4 minutes).
+
     python benchmarks/read_throughput.py --count 2000 --size 256
 
 Every row: median pairs/s of --repeats passes (after a warm-up pass), the spread

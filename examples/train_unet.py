@@ -103,7 +103,8 @@ def train_and_evaluate(args: argparse.Namespace, workdir: Path) -> None:
     )
     val = tfshards.read(shards, split="val", batch_size=16, image_size=image_size, cache=True)
     model = unet(args.size, channels, args.num_classes)
-    model.fit(train, validation_data=val, epochs=args.epochs, verbose=2)
+    # shuffle=False: the dataset reshuffles itself each epoch; Keras only warns for tf.data.
+    model.fit(train, validation_data=val, epochs=args.epochs, verbose=2, shuffle=False)
     model_path = str(workdir / "unet.keras")
     model.save(model_path)
     print("training done; evaluating in a new process that reuses the disk cache:")

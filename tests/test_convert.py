@@ -15,7 +15,7 @@ import pytest
 from conftest import MEMBRANE, convert_args, read_records, shard_bytes, write_pairs
 from PIL import Image
 
-from tfshards import Manifest, OutputError, PairError, PairingError, convert
+from tfshards import Manifest, OptionsError, OutputError, PairError, PairingError, convert
 from tfshards.cli import main
 from tfshards.schemas.manifest import ImageInfo
 
@@ -271,6 +271,20 @@ def test_cli_exit_codes_and_messages(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["convert", "--images", str(images)])
     assert exit_info.value.code == 2
+
+
+# Issue 28 point 9.
+def test_a_split_left_empty_is_refused_before_anything_is_written(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 5)
+    out = tmp_path / "out"
+    assert main([*convert_args(images, masks, out), "--val-fraction", "0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "the train split would be empty: 5 pairs split as train 0, val 5, test 0" in err
+    assert "lower --val-fraction/--test-fraction" in err
+    assert not out.exists() or not any(out.iterdir()), "nothing written"
+    with pytest.raises(OptionsError, match=r"the val split would be empty: 5 pairs .*--val-frac"):
+        convert(images, masks, out, val_fraction=0.01, workers=1, progress=False)
+    assert main([*convert_args(images, masks, out), "--val-fraction", "0.4"]) == 0
 
 
 def test_cli_help_of_every_subcommand(capsys):

@@ -1,11 +1,10 @@
-"""A newcomer's first hour: the README's examples as written, 0/255 binary masks, a quiet
-CLI, and an install that leaves the user's TensorFlow build alone."""
+"""A newcomer's first hour: 0/255 binary masks, a quiet CLI, and an install that leaves the
+user's TensorFlow build alone (the README's and the manual's examples run in test_docs.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,40 +19,6 @@ from tfshards.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 NOISE = ("absl", "oneDNN", "cpu_feature_guard", "cuInit", "I0000", "W0000", "E0000")
-
-
-def readme_blocks(section: str) -> list[tuple[str, str]]:
-    """(language, code) of the fenced blocks in one '## ' section of the README."""
-    text = (ROOT / "README.md").read_text()
-    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```(\w*)\n(.*?)```", body, flags=re.S)
-
-
-def test_readme_conversion_and_reading_examples_run_as_written(tmp_path):
-    commands = [
-        line
-        for _, code in readme_blocks("Converting")[:1]
-        for line in code.splitlines()
-        if line.startswith("tfshards ")
-    ]
-    assert len(commands) == 2, "the README starts with synth and convert"
-    for line in commands:
-        args = shlex.split(line)[1:]
-        done = subprocess.run(
-            [sys.executable, "-m", "tfshards.cli", *args], cwd=tmp_path, capture_output=True
-        )
-        assert done.returncode == 0, done.stderr.decode()
-    python = [code for lang, code in readme_blocks("Converting") if lang == "python"]
-    python += [code for lang, code in readme_blocks("Reading") if lang == "python"]
-    assert len(python) >= 3
-    assert 'if __name__ == "__main__":' in python[0], "the conversion snippet has the guard"
-    script = tmp_path / "readme_example.py"  # saved as a file, as a user would (spawn workers)
-    script.write_text("\n".join(python))
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "training pairs" in done.stdout
 
 
 def test_missing_split_names_the_option_that_makes_it(tmp_path):

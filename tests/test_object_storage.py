@@ -276,7 +276,7 @@ def test_a_prefix_without_manifest_is_no_dataset(s3_bucket):
 
 
 def test_non_empty_prefix_needs_resume_or_overwrite(tmp_path, s3_bucket):
-    images, masks = write_pairs(tmp_path / "data", 8)
+    images, masks = write_pairs(tmp_path / "data", 10)  # 8 would leave val empty: refused
     storage.write_bytes(f"{s3_bucket}/shards/notes.txt", b"mine")
     with pytest.raises(OutputError, match=r"shards is not empty .*--overwrite"):
         convert(images, masks, f"{s3_bucket}/shards", workers=1, **SETTINGS)
@@ -515,3 +515,29 @@ def _which_compressor(local, remote) -> str:
         f"remote is {[k for k, v in fresh.items() if v == theirs]} (a fresh compress here); "
         f"headers {ours[:2].hex()} / {theirs[:2].hex()}"
     )
+
+
+def test_cli_at_default_verbosity_keeps_third_party_info_lines_out(tmp_path, s3_bucket, s3_server):
+    """botocore logs "Found credentials in environment variables." at INFO; the CLI printed
+    it as ``tfshards: INFO: ...`` into the progress bar. Only tfshards' own lines show."""
+    images, masks = write_pairs(tmp_path / "data", 6)
+    env = {**os.environ, **s3_environment(s3_server.endpoint), "PYTHONPATH": str(ROOT)}
+    env.pop("AWS_PROFILE", None)
+    out = f"{s3_bucket}/shards"
+    for command in (
+        ["convert", "--images", str(images), "--masks", str(masks), "--out", out],
+        ["verify", out],
+        ["inspect", out],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "tfshards.cli", *command],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "Found credentials" not in done.stderr and "Found endpoint" not in done.stderr
+        assert not [line for line in done.stderr.splitlines() if line.startswith("botocore")]
+    verbose = subprocess.run(
+        [sys.executable, "-m", "tfshards.cli", "-v", "verify", "--quick", out],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert "botocore: DEBUG:" in verbose.stderr  # -v still shows every library's lines

@@ -52,8 +52,7 @@ def _pairs(names):
 
 @given(keys, st.integers(0, 100), st.one_of(st.none(), st.integers(1, 40)))
 def test_plan_puts_every_pair_in_exactly_one_shard(names, seed, num_shards):
-    specs = plan_shards(
-        _pairs(names),
+    arguments = dict(
         seed=seed,
         val_fraction=0.2,
         test_fraction=0.1,
@@ -62,6 +61,12 @@ def test_plan_puts_every_pair_in_exactly_one_shard(names, seed, num_shards):
         shard_size=1000,
         pair_bytes=[100] * len(names),
     )
+    splits = {split_of(name, seed, 0.2, 0.1) for name in names}
+    if splits != {"train", "val", "test"}:  # a split asked for would be empty: refused
+        with pytest.raises(OptionsError, match="split would be empty"):
+            plan_shards(_pairs(names), **arguments)
+        return
+    specs = plan_shards(_pairs(names), **arguments)
     planned = [p.key for s in specs for p in s.pairs]
     assert sorted(planned) == sorted(names)
     for split in {s.split for s in specs}:

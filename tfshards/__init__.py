@@ -24,7 +24,14 @@ __version__ = "0.1.0"
 
 # The reader needs TensorFlow, which takes seconds to import; the converter and
 # its worker processes do not, so the reader is imported on first use.
-_READER_NAMES = ("read", "ReadOptions", "list_caches", "clear_caches")
+_READER_NAMES = (
+    "read",
+    "ReadOptions",
+    "ReadState",
+    "ResumeCallback",
+    "list_caches",
+    "clear_caches",
+)
 # Random access by index needs no TensorFlow (PyTorch, Grain): imported on first use too.
 _SOURCE_NAMES = ("Pairs", "PairDecodeError", "torch_pair")
 
@@ -63,6 +70,8 @@ __all__ = [
     "PairingError",
     "Pairs",
     "ReadOptions",
+    "ReadState",
+    "ResumeCallback",
     "TfshardsError",
     "VerifyReport",
     "class_weights",

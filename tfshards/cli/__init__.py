@@ -33,6 +33,35 @@ def quiet_tensorflow(*, verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.ERROR)
 
 
+def configure_logging(*, verbose: bool, quiet: bool) -> None:
+    """tfshards' own INFO lines by default (WARNING with -q); everything at DEBUG with -v.
+
+    Other libraries' loggers (botocore, s3fs, fsspec...) stay at WARNING unless -v: their
+    INFO lines ("Found credentials in environment variables.") would otherwise print under
+    tfshards' name and break into the progress bar. Their warnings keep their own name.
+    Like ``logging.basicConfig``, nothing changes where the root logger has handlers.
+    """
+    root = logging.getLogger()
+    if root.handlers:  # configured by the caller (an application, pytest): left alone
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_NamedFormatter())
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    own = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.getLogger("tfshards").setLevel(own)
+
+
+class _NamedFormatter(logging.Formatter):
+    """``tfshards: INFO: ...`` for tfshards' records, ``botocore: WARNING: ...`` for others'."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        source = record.name.split(".", 1)[0] if record.name != "root" else "tfshards"
+        return f"{source}: {record.levelname}: {record.getMessage()}" + (
+            "\n" + self.formatException(record.exc_info) if record.exc_info else ""
+        )
+
+
 def import_tensorflow(*, verbose: bool) -> None:
     """Import TensorFlow and find its devices with native stderr sent to ``logging`` (debug).
 
@@ -102,8 +131,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="tfshards: %(levelname)s: %(message)s")
+    configure_logging(verbose=args.verbose, quiet=args.quiet)
     quiet_tensorflow(verbose=args.verbose)
     if getattr(args, "tensorflow", False):
         import_tensorflow(verbose=args.verbose)

@@ -30,7 +30,8 @@ def add_cache(sub: argparse._SubParsersAction) -> None:
         "cache",
         help="list or clear the disk caches of a dataset",
         description="Show the disk cache entries (state and size) under DIR, a dataset folder "
-        "or a cache folder given to read(cache=...), or remove them all.",
+        "(its cache beside the shards and, for a read-only folder, the one under the user "
+        "cache folder) or a cache folder given to read(cache=...), or remove them all.",
     )
     p.add_argument("action", choices=("list", "clear"), help="list entries, or remove them")
     p.add_argument("dir", help=f"dataset folder (its {CACHE_DIR_NAME}) or cache folder")

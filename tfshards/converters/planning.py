@@ -97,6 +97,30 @@ class ShardSpec:
         return shard_file_name(self.split, self.index, self.count, self.compression)
 
 
+def _check_no_split_empty(
+    members: dict[str, np.ndarray], total: int, val_fraction: float, test_fraction: float
+) -> None:
+    """Every split asked for gets pairs: train always, val and test when their fraction is
+    above 0. Refused before anything is written: an empty split is a dataset that cannot
+    train (no train) or a split that read() and class weights cannot find."""
+    fractions = {"train": 1.0, "val": val_fraction, "test": test_fraction}
+    empty = [
+        split for split, fraction in fractions.items() if fraction > 0 and split not in members
+    ]
+    if not empty:
+        return
+    counts = ", ".join(f"{split} {len(members.get(split, ()))}" for split in SPLITS)
+    options = {"train": "--val-fraction/--test-fraction", "val": "--val-fraction",
+               "test": "--test-fraction"}  # fmt: skip
+    advice = " and ".join(f"raise {options[s]}" if s != "train" else "lower " + options[s]
+                          for s in empty)  # fmt: skip
+    raise OptionsError(
+        f"the {' and '.join(empty)} split would be empty: {total} pairs split as {counts} "
+        f"(val_fraction {val_fraction}, test_fraction {test_fraction}); {advice}, "
+        "or convert more pairs"
+    )
+
+
 def plan_shards(
     pairs: PairTable | Sequence[Pair],
     *,
@@ -135,6 +159,7 @@ def plan_shards(
             random.Random(f"{seed}:{split}").shuffle(rows)
             members[split] = rows
     del codes
+    _check_no_split_empty(members, len(pairs), val_fraction, test_fraction)
     counts = shard_counts(
         {split: len(rows) for split, rows in members.items()},
         {split: int(pair_bytes[rows].sum()) for split, rows in members.items()},

@@ -11,6 +11,12 @@ TFDS can represent: uncompressed shards (it reads no gzip/zlib TFRecords), recor
 size, and images encoded keep/png/jpeg (a TFDS Image; masks a LabeledImage) or raw/deflate
 with masks in the same encoding (a TFDS Tensor stored as bytes or ZLIB). Anything else
 is refused with the reason.
+
+JPEG images: TFDS's Image feature decodes them with TensorFlow's fast DCT, a few levels
+off the pixels conversion checked (Pillow's, libjpeg's accurate integer DCT), which
+``tfshards.read`` gives. For those, pass ``as_dataset(..., decoders={"image/encoded": d})``
+with ``d`` a ``tfds.decode.make_decoder()`` function calling
+``tf.io.decode_jpeg(data, channels=..., dct_method="INTEGER_ACCURATE")``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ that do not (``shards``) stay importable by TensorFlow-free readers (``tfshards.
 
 from __future__ import annotations
 
-__all__ = ["ReadOptions", "clear_caches", "list_caches", "read"]
+__all__ = ["ReadOptions", "ReadState", "ResumeCallback", "clear_caches", "list_caches", "read"]
 
 
 def __getattr__(name: str):
@@ -18,6 +18,14 @@ def __getattr__(name: str):
         from tfshards.readers.options import ReadOptions
 
         return ReadOptions
+    if name == "ReadState":
+        from tfshards.readers.resume import ReadState
+
+        return ReadState
+    if name == "ResumeCallback":
+        from tfshards.readers.resume_callback import ResumeCallback
+
+        return ResumeCallback
     if name == "read":
         from tfshards.readers.pipeline import read
 

@@ -7,11 +7,14 @@ deflate records of one size are decoded a whole batch at a time; PNG/JPEG
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 
+from tfshards.errors import OptionsError
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import Encoding, image_encoding, mask_encoding
 from tfshards.schemas.record import tf_feature_spec
@@ -19,17 +22,33 @@ from tfshards.schemas.record import tf_feature_spec
 AUTOTUNE = tf.data.AUTOTUNE
 Augment = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 _PIXELS = ("image/encoded", "mask/encoded")
-_SIZE = ("image/height", "image/width")
+# What each record says of itself, checked against the manifest on the way.
+_OWN = ("key", "image/height", "image/width", "image/channels", "mask/channels")
 
 
 @dataclass(frozen=True)
 class PairDecoder:
-    """Serialized records -> uint8 (image, mask) of ``shape``, following the manifest."""
+    """Serialized records -> uint8 (image, mask) of ``shape``, following the manifest.
+
+    Every record's own height, width and channels are checked against the manifest
+    (and its pixels' byte count against them) before it is decoded, so a manifest that
+    disagrees with its records stops the read at the first such record, naming it;
+    with ``records`` set, so does a record count other than the manifest's.
+    """
 
     shape: tuple[int | None, int | None, int]  # (None, None, C): each record's own size
     stored: tuple[int, int, int] | None
     image: Encoding
     mask: Encoding
+    where: str = "this dataset"  # the dataset and split, for messages
+    records: int | None = None  # the records a pass must hold; None: not counted
+    channels: int | None = None  # the manifest's image channels (default: shape's)
+
+    def __post_init__(self) -> None:
+        if self.records is not None and self.records < 0:
+            raise ValueError(f"records must be None or at least 0, got {self.records}")
+        if self.channels is not None and self.channels not in (1, 3, 4):
+            raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
 
     @property
     def whole_batches(self) -> bool:
@@ -38,18 +57,24 @@ class PairDecoder:
 
     def decode_batch(self, serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """[B] serialized records of ``shape`` -> uint8 [B, H, W, C] and [B, H, W, 1]."""
-        features = tf.io.parse_example(serialized, _spec(_PIXELS))
+        features = self.checked(tf.io.parse_example(serialized, _spec(_PIXELS + _OWN)))
         height, width, channels = self.shape
         image = self.image.tf_decode(features["image/encoded"], height, width, channels)
         mask = self.mask.tf_decode(features["mask/encoded"], height, width, 1)
         return image, mask
 
+    def parse_sized(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+        """[B] serialized records -> their pixel fields and sizes, for ``decode_one``."""
+        return tf.io.parse_example(serialized, _spec(_PIXELS + _OWN))
+
     def decode_one(self, features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         """One parsed record -> uint8 pair, resized to ``shape`` when it differs."""
+        features = self.checked(features)
         height, width, channels = self.shape
         h, w = features["image/height"], features["image/width"]
         image = self.image.tf_decode(features["image/encoded"], h, w, channels)
         mask = self.mask.tf_decode(features["mask/encoded"], h, w, 1)
+        image, mask = self._sized_as_recorded(features, image, mask)
         resize = height is not None and (self.stored is None or self.stored[:2] != (height, width))
         if resize:  # else each record keeps its own size (height and width are None)
             image = tf.image.resize(image, (height, width), method="bilinear", antialias=True)
@@ -57,15 +82,122 @@ class PairDecoder:
             mask = tf.image.resize(mask, (height, width), method="nearest")
         return tf.ensure_shape(image, self.shape), tf.ensure_shape(mask, (height, width, 1))
 
+    def checked(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The features (one record or a batch), once their sizes agree with the manifest."""
+        channels = self.channels or self.shape[2]
+        agree = [
+            tf.equal(features["image/channels"], channels),
+            tf.equal(features["mask/channels"], 1),
+        ]
+        if self.stored is not None:
+            agree += [
+                tf.equal(features["image/height"], self.stored[0]),
+                tf.equal(features["image/width"], self.stored[1]),
+            ]
+        good = tf.reduce_all(tf.stack(agree), axis=0)
+        first = tf.reshape(tf.where(tf.logical_not(tf.reshape(good, [-1]))), [-1])[:1]
 
-def pair_decoder(shards: SplitShards, shape: tuple[int, int, int]) -> PairDecoder:
+        def of_first(name: str) -> tf.Tensor:  # the first bad record's value of a feature
+            return tf.gather(tf.reshape(features[name], [-1]), first)
+
+        stored = "x".join(str(n) for n in self.stored[:2]) if self.stored else "any size"
+        message = _text(
+            f"{self.where}: record ", of_first("key"), " disagrees with the manifest: it "
+            "holds ", of_first("image/height"), "x", of_first("image/width"), "x",
+            of_first("image/channels"), f" (HxWxC) pixels, the manifest says {stored} with "
+            f"{channels} channels and masks 1 (this record: mask channels ",
+            of_first("mask/channels"), "); the manifest was edited or belongs to other "
+            "shards: convert again, and run `tfshards verify` on the dataset",
+        )  # fmt: skip
+        check = tf.debugging.Assert(tf.reduce_all(good), [message])
+        with tf.control_dependencies([check]):
+            return {name: tf.identity(value) for name, value in features.items()}
+
+    def _sized_as_recorded(self, features, image: tf.Tensor, mask: tf.Tensor):
+        """PNG/JPEG pixels of the height and width their record says, or an error."""
+        recorded = tf.stack([features["image/height"], features["image/width"]])
+        agree = tf.logical_and(
+            tf.reduce_all(tf.equal(tf.shape(image, tf.int64)[:2], recorded)),
+            tf.reduce_all(tf.equal(tf.shape(mask, tf.int64)[:2], recorded)),
+        )
+        image_size, mask_size = tf.shape(image)[:2], tf.shape(mask)[:2]
+        message = _text(
+            f"{self.where}: record ", features["key"], " says ", recorded[0], "x", recorded[1],
+            " (HxW) but its pixels decode to image ", image_size[0], "x", image_size[1],
+            " and mask ", mask_size[0], "x", mask_size[1],
+        )  # fmt: skip
+        check = tf.debugging.Assert(agree, [message])
+        with tf.control_dependencies([check]):
+            return tf.identity(image), tf.identity(mask)
+
+
+def _text(*parts: str | tf.Tensor) -> tf.Tensor:
+    """One string from text and tensors (numbers, strings, one-element vectors), for the
+    messages of checks that run inside the pipeline."""
+    strings = []
+    for part in parts:
+        if isinstance(part, str):
+            strings.append(part)
+            continue
+        if part.dtype != tf.string:
+            part = tf.strings.as_string(part)
+        strings.append(tf.strings.reduce_join(tf.reshape(part, [-1]), separator=","))
+    return tf.strings.join(strings)
+
+
+def pair_decoder(
+    shards: SplitShards, shape: tuple[int, int, int], *, counted: bool = True
+) -> PairDecoder:
+    """The decoder of a split's records; ``counted``: check each pass holds the manifest's
+    record count (not where a pass sees a part of them, as on tf.data service workers)."""
     manifest = shards.manifest
     return PairDecoder(
         shape,
         manifest.image_shape,
         image_encoding(manifest.image.encoding),
         mask_encoding(manifest.mask.encoding),
+        # No quotes: TensorFlow escapes them in the messages of checks.
+        where=f"{shards.root} (split {shards.split})",
+        records=shards.records if counted else None,
+        channels=manifest.image.channels,
     )
+
+
+def counted_batches(
+    batches: tf.data.Dataset, decoder: PairDecoder, *, batch_size: int, drop_remainder: bool
+) -> tf.data.Dataset:
+    """Batches of serialized records of one pass, stopped with an error at the first batch
+    past the manifest's record count, or at the end of a pass that holds fewer.
+
+    Counted per batch, not per record: a scan step costs tens of microseconds of CPU.
+    """
+    if decoder.records is None:
+        return batches
+    # Records a pass delivers: a dropped remainder never reaches the count.
+    expected = decoder.records - (decoder.records % batch_size if drop_remainder else 0)
+    where = decoder.where
+    full = f" in full batches of {batch_size}" if drop_remainder else ""
+
+    def count(seen: tf.Tensor, batch: tf.Tensor):
+        end = tf.equal(tf.size(batch), 0)  # the marker below; a real batch is never empty
+        total = seen + tf.size(batch, tf.int64)
+        fine = tf.where(end, tf.equal(seen, expected), tf.less_equal(total, expected))
+        message = _text(
+            where, tf.where(end, ": the shards hold ", ": the shards hold more than "),
+            tf.where(end, seen, expected), f" records{full} where its manifest lists "
+            f"{decoder.records}; a shard was replaced or the manifest edited: convert "
+            "again, and run `tfshards verify` on the dataset",
+        )  # fmt: skip
+        check = tf.debugging.Assert(fine, [message])
+        with tf.control_dependencies([check]):
+            return total, tf.identity(batch)
+
+    marker = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))
+    counted = batches.concatenate(marker).scan(tf.constant(0, tf.int64), count)
+    counted = counted.filter(lambda batch: tf.size(batch) > 0)
+    if drop_remainder:  # the marker relaxed the static batch size; tell it again
+        counted = counted.map(lambda batch: tf.ensure_shape(batch, [batch_size]))
+    return counted
 
 
 def decoded_batches(
@@ -83,11 +215,12 @@ def decoded_batches(
         batch_size,
         drop_remainder=drop_remainder,
         num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
+        deterministic=True,  # the short batch last, whatever the thread timing
     )
-    return batches.map(
-        decoder.decode_batch, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    batches = counted_batches(
+        batches, decoder, batch_size=batch_size, drop_remainder=drop_remainder
     )
+    return batches.map(decoder.decode_batch, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def decoded_pairs(
@@ -108,11 +241,12 @@ def decoded_pairs(
         ).unbatch()
 
     def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-        return tf.io.parse_example(serialized, _spec(_PIXELS + _SIZE))
+        return tf.io.parse_example(serialized, _spec(_PIXELS + _OWN))
 
-    parsed = records.batch(parse_batch_size).map(
-        parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    batches = counted_batches(
+        records.batch(parse_batch_size), decoder, batch_size=parse_batch_size, drop_remainder=False
     )
+    parsed = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     return parsed.unbatch().map(
         decoder.decode_one, num_parallel_calls=AUTOTUNE, deterministic=deterministic
     )
@@ -164,22 +298,115 @@ def is_keras_layer(augment) -> bool:
     return isinstance(augment, keras.layers.Layer)
 
 
-def layer_augmenter(layer, shards: SplitShards, one_hot: bool):
+def layer_augmenter(
+    layer, shards: SplitShards, one_hot: bool, image_dtype: str = "float32", seed: int | None = None
+):
     """Finished batches -> the same through a Keras augmentation layer, then one-hot.
 
     Keras 3 augmentation layers transform ``segmentation_masks`` with the images
     (flips, rotations, zooms, crops; masks with nearest-neighbour interpolation)
-    and leave masks alone for photometric changes.
+    and leave masks alone for photometric changes. Layers compute in floats: with
+    ``image_dtype="uint8"`` their images are rounded, clipped to 0..255 and cast back,
+    so the dtype asked for is the dtype delivered. A ``keras.Sequential`` runs as a
+    ``keras.layers.Pipeline`` of its layers, which stays in tf.data on every backend.
     """
     encode = one_hot_encoder(shards) if one_hot else None
+    layer = as_pipeline(layer)
 
-    def augment(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def augment(
+        image: tf.Tensor, mask: tf.Tensor, step: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """``step`` (the batch's position) reseeds the layer's generators first, so a
+        batch's random draws depend on its position, not on how many came before."""
+        if step is not None:
+            with tf.control_dependencies(reseeded(layer, step, seed)):
+                image, mask = tf.identity(image), tf.identity(mask)
         out = layer({"images": image, "segmentation_masks": mask}, training=True)
         image, moved = out["images"], out["segmentation_masks"]
         mask = tf.cast(tf.round(moved) if moved.dtype.is_floating else moved, mask.dtype)
+        if image_dtype == "uint8" and image.dtype != tf.uint8:
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
         return image, mask if encode is None else encode(mask)
 
     return augment
+
+
+def reseeded(layer, step: tf.Tensor, seed: int | None) -> list[tf.Tensor]:
+    """Set every seed generator of ``layer`` (and of the layers inside it) to
+    ``[base + n, step]``, inside tf.data: ``base`` is the generator's own seed (the
+    layer's ``seed=``), else read()'s ``seed``, else a number drawn once per process;
+    ``n`` numbers the generators so that no two draw alike. On a non-TensorFlow backend
+    Keras draws in tf.data from a TensorFlow twin of each generator
+    (``_get_seed_generator("tensorflow")``); that one is set. Returns the assignments."""
+    import keras
+
+    native = keras.backend.backend() == "tensorflow"
+    assignments = []
+    for number, (owner, generator) in enumerate(_generators(layer, native)):
+        base = generator._initial_seed
+        if base is None:
+            base = getattr(owner, "seed", None) if seed is None else seed
+        if base is None:
+            base = _process_seed()
+        key = tf.stack([tf.constant(int(base) + 7919 * number, tf.int64), step])
+        assignments.append(_assign(generator.state, tf.cast(key, generator.state.dtype)))
+    return assignments
+
+
+def _generators(layer, native: bool) -> list:
+    """(layer, seed generator) pairs of a layer and the layers inside it."""
+    found = []
+    for inner in layer._flatten_layers(include_self=True):
+        if not native and hasattr(inner, "_get_seed_generator") and hasattr(inner, "generator"):
+            inner.backend.set_backend("tensorflow")
+            try:
+                found.append((inner, inner._get_seed_generator("tensorflow")))
+            finally:
+                inner.backend.reset()
+            continue
+        found += [(inner, generator) for generator in getattr(inner, "_seed_generators", [])]
+    return found
+
+
+@functools.cache
+def _process_seed() -> int:
+    """Layers and reads without a seed: random in each process, as Keras's own are."""
+    return int(np.random.SeedSequence().entropy % 2**31)
+
+
+def _assign(variable, value: tf.Tensor):
+    """Assign to a Keras variable's TensorFlow variable (whatever the Keras backend)."""
+    target = getattr(variable, "value", variable)
+    if isinstance(target, tf.Variable):
+        return target.assign(value)
+    return variable.assign(value)
+
+
+def as_pipeline(layer):
+    """A Keras layer that runs inside tf.data on any backend.
+
+    A ``keras.Sequential`` is a Model: on JAX or PyTorch it converts its symbolic tf.data
+    inputs to that backend's arrays and fails ("Cannot convert a symbolic tf.Tensor").
+    Its layers, run one after the other as a ``keras.layers.Pipeline``, do what it does
+    and stay in tf.data. Other models are refused on those backends, naming the way out.
+    """
+    import keras
+
+    if isinstance(layer, keras.Sequential):
+        return keras.layers.Pipeline([as_pipeline(inner) for inner in _sequence_of(layer)])
+    if isinstance(layer, keras.Model) and keras.backend.backend() != "tensorflow":
+        raise OptionsError(
+            f"augment={type(layer).__name__} (a keras.Model) cannot run inside tf.data on "
+            f"the {keras.backend.backend()} backend; pass the augmentation layers as "
+            "keras.layers.Pipeline([...]) (or keras.Sequential([...]))"
+        )
+    return layer
+
+
+def _sequence_of(model) -> list:
+    import keras
+
+    return [inner for inner in model.layers if not isinstance(inner, keras.layers.InputLayer)]
 
 
 def to_float_image(image: tf.Tensor) -> tf.Tensor:

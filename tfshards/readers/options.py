@@ -6,6 +6,7 @@ Ordering: file shuffle, cycle length and determinism, decided in one place.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,27 @@ from tfshards.readers.shards import SplitShards
 # more than 64 MiB (copies out of a buffer far larger than the CPU caches); the file order
 # and, for the cache, the random rotation of its parts mix records beyond the buffer.
 SHUFFLE_BUFFER_BYTES = 64 * 2**20
+# cache= words that are not folders: a near miss such as "Memory" or "disk" would otherwise
+# quietly become a cache folder of that name in the current directory.
+_CACHE_WORDS = frozenset({"memory", "ram", "disk", "true", "false", "none", "yes", "no"})
+
+
+def is_int(value: object) -> bool:
+    """An integer (Python or NumPy), not a bool: what counts, sizes and seeds must be."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def checked_size(name: str, value: object) -> tuple[int, int]:
+    """``(height, width)`` of positive integers, or an OptionsError naming ``name``."""
+    try:
+        height, width = value  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise OptionsError(
+            f"{name} must be (height, width), two positive integers; got {value!r}"
+        ) from None
+    if not (is_int(height) and is_int(width) and min(height, width) >= 1):
+        raise OptionsError(f"{name} must be (height, width), two positive integers; got {value!r}")
+    return int(height), int(width)
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,12 @@ class CachePlan:
             return cls("disk")
         if cache == "memory":
             return cls("memory")
+        if isinstance(cache, str) and (not cache.strip() or cache.lower() in _CACHE_WORDS):
+            raise OptionsError(
+                f"cache={cache!r} is neither 'memory' nor a folder: pass None (stream), "
+                "'memory', True (a disk cache beside the shards) or a folder path "
+                "(Path('name') for a folder named like a keyword)"
+            )
         if isinstance(cache, str | os.PathLike):
             return cls("disk", Path(cache))
         raise OptionsError(f"cache must be None, True, 'memory' or a folder path; got {cache!r}")

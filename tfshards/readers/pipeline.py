@@ -18,11 +18,18 @@ import tensorflow as tf
 if TYPE_CHECKING:
     import keras
 
+from tfshards.errors import OptionsError, TfshardsError
 from tfshards.readers import stages
+from tfshards.readers.cache import DiskCache, default_cache_root
+from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
 from tfshards.readers.options import ReadOptions
+from tfshards.readers.ordered import ordered_dataset
 from tfshards.readers.plan import plan_read
+from tfshards.readers.resume import ReadState
 from tfshards.readers.source import shard_records
+from tfshards.schemas.manifest import Manifest
+from tfshards.sources.records import dataset_changed, file_identity
 
 STAGES = (
     stages.shuffled_records,
@@ -57,15 +64,19 @@ def read(
     input_context: tf.distribute.InputContext | None = None,
     service: str | None = None,
     options: ReadOptions | None = None,
+    start: tuple[int, int] | ReadState | None = None,
 ) -> tf.data.Dataset:
     """Stream ``(image, mask)`` batches of one split of a converted dataset.
 
     image: float32 in [0, 1] (or uint8 with ``image_dtype="uint8"``), [B, H, W, C].
     mask: int32 class indices [B, H, W, 1] (float32 one-hot [B, H, W, K] with ``one_hot``).
 
-    augment: a Keras 3 augmentation layer (or ``keras.Sequential`` of them), applied to
-    whole batches as ``{"images", "segmentation_masks"}`` so each mask moves with its
-    image (give the layers a ``seed`` for reproducible runs); or a function
+    augment: a Keras 3 augmentation layer (or a ``keras.layers.Pipeline`` or
+    ``keras.Sequential`` of them; a Sequential runs as a Pipeline of its layers, so it
+    works on every Keras backend), applied to whole batches as
+    ``{"images", "segmentation_masks"}`` so each mask moves with its image (give the
+    layers a ``seed`` for reproducible runs; with ``image_dtype="uint8"`` the layers'
+    float images are rounded and cast back to uint8); or a function
     ``(image, mask) -> (image, mask)`` applied to each pair. Both run after the cache
     and the shuffle, so they stay random every epoch.
 
@@ -102,7 +113,48 @@ def read(
         service=service,
         options=options,
     )
+    if plan.ordered:
+        return stages.budgeted(ordered_dataset(plan, start, pair_store(plan)), plan)
+    if start is not None:
+        raise OptionsError(
+            f"start= needs a read by index, and this one cannot be: {plan.unordered}"
+        )
     dataset = shard_records(plan)
     for stage in STAGES:
         dataset = stage(dataset, plan)
     return dataset
+
+
+def pair_store(plan) -> PairStore | None:
+    """The ordered path's cache: decoded pairs in RAM, on disk, or none."""
+    shards, shape = plan.shards, plan.shape
+    if plan.cache.kind == "memory":
+        return PairStore(shards.records, shape)
+    if plan.cache.kind != "disk":
+        return None
+    root = plan.cache.root or default_cache_root(shards.root)
+    cache = DiskCache.for_split(root, shards, shape, (0, 1))
+    cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
+    return PairStore(shards.records, shape, cache, unchanged=unchanged_check(plan))
+
+
+def unchanged_check(plan):
+    """A check, run before a disk cache is published, that the dataset is still the one
+    the read began with: its manifest and every shard file (else DatasetChangedError)."""
+    shards = plan.shards
+    identities = {path: file_identity(path) for path in shards.paths}
+
+    def check() -> None:
+        try:
+            manifest = Manifest.load(shards.root, plan.options.storage_options)
+        except TfshardsError:
+            manifest = None
+        if manifest != shards.manifest:
+            raise dataset_changed(str(shards.root), "its manifest is another one now")
+        if shards.remote:
+            return  # downloaded shards were checked against the manifest's sha256s
+        for path, identity in identities.items():
+            if file_identity(path) != identity:
+                raise dataset_changed(path, "another file now has its name")
+
+    return check

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
@@ -32,11 +33,15 @@ from tfshards.readers.options import (
     CachePlan,
     Ordering,
     ReadOptions,
+    checked_size,
+    is_int,
     ordering,
 )
+from tfshards.readers.order import group_shards
 from tfshards.readers.shards import SplitShards, split_shards
 from tfshards.readers.sizing import Sizing
 from tfshards.schemas.format import compression
+from tfshards.sources.records import SplitRecords
 from tfshards.sources.shard_cache import shard_cache_key
 
 Finish = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
@@ -106,6 +111,15 @@ class ReadPlan:
     repeat: bool
     downloads: Downloads | None = None  # None: local shards, read where they are
     ram_budget: int | None = None  # bytes for tf.data's autotuned buffers; None: its default
+    order_seed: int = 0  # the ordered path's seed: ``seed``, or drawn for this read() call
+    unordered: str | None = None  # why the ordered path does not apply; None: it does
+    records: SplitRecords | None = None  # the split's records by index (ordered path)
+    group_shards: int = 1  # shards whose records one epoch mixes together (order.py)
+
+    @property
+    def ordered(self) -> bool:
+        """Batches are a function of (seed, epoch, batch), read by index (ordered.py)."""
+        return self.unordered is None
 
     @property
     def shape(self) -> Shape:
@@ -144,17 +158,24 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     a = arguments
     options = a["options"] or ReadOptions()
     cache = CachePlan.of(a["cache"])
-    _check_arguments(a["batch_size"], a["image_dtype"], cache, a["service"])
+    _check_arguments(a["batch_size"], a["seed"], a["image_dtype"], cache, a["service"])
     shuffle = a["split"] == "train" if a["shuffle"] is None else a["shuffle"]
     pipeline, batch_size = (0, 1), a["batch_size"]
     if (context := a["input_context"]) is not None:
         pipeline = (context.input_pipeline_id, context.num_input_pipelines)
         batch_size = context.get_per_replica_batch_size(batch_size)
-    shards = split_shards(
-        path, a["split"], pipeline=pipeline, storage_options=options.storage_options
-    )
+    shards = split_shards(path, a["split"], storage_options=options.storage_options)
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
+    unordered = _unordered_because(shards, shape, sizing, a["service"])
+    if unordered and pipeline[1] > 1:  # these paths share the shards out by file
+        shards = split_shards(
+            path,
+            a["split"],
+            pipeline=pipeline,
+            manifest=shards.manifest,
+            storage_options=options.storage_options,
+        )
     kept = cache.kind != "none" or bool(a["service"])
     order = ordering(shards, options, shuffle=shuffle, seed=a["seed"], cached=kept)
     downloads = _downloads(shards, options, order.cycle_length) if shards.remote else None
@@ -162,20 +183,65 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         order = replace(order, cycle_length=downloads.cycle_length)
     return ReadPlan(
         shards=shards,
-        decoder=pair_decoder(shards, shape),
+        decoder=pair_decoder(shards, shape, counted=not a["service"]),
         order=order,
         cache=cache,
         sizing=sizing,
         batching=Batching(batch_size, a["drop_remainder"], shards.records),
-        finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"]),
+        finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"], a["seed"]),
         options=options,
         seed=a["seed"],
+        order_seed=_resolved_seed(a["seed"], pipeline[1]),
         pipeline=pipeline,
         service=a["service"],
         repeat=a["repeat"],
         downloads=downloads,
         ram_budget=autotune_ram_budget(),
+        unordered=unordered,
+        records=None if unordered else _split_records(shards, options),
+        group_shards=_group_shards(shards, options),
     )
+
+
+def _unordered_because(
+    shards: SplitShards, shape: Shape, sizing: Sizing, service: str | None
+) -> str | None:
+    """Why a read cannot take the ordered path (read by index, resumable); None if it can."""
+    if service is not None:
+        return "the tf.data service decides the order on its workers"
+    if shape[0] is None or sizing.active:
+        return "records of many sizes are cropped or padded one pair at a time"
+    return None
+
+
+def _split_records(shards: SplitShards, options: ReadOptions) -> SplitRecords:
+    return SplitRecords(
+        shards,
+        shard_cache=options.shard_cache,
+        shard_cache_limit=options.shard_cache_limit,
+        storage_options=options.storage_options,
+    )
+
+
+def _group_shards(shards: SplitShards, options: ReadOptions) -> int:
+    """Shards mixed together in an epoch; with a shard cache limit, as many as it holds
+    beside the ones downloading ahead."""
+    sizes = [shard.bytes for shard in shards.shards]
+    group = group_shards(sizes, options.cycle_length)
+    if shards.remote and options.shard_cache_limit is not None:
+        fit = options.shard_cache_limit // max(1, max(sizes))
+        group = max(1, min(group, fit - 2))
+    return group
+
+
+def _resolved_seed(seed: int | None, pipelines: int) -> int:
+    """The order's seed: the one given, else one drawn for this read() call; with several
+    input pipelines 0, so that pipelines on other hosts share one order."""
+    if seed is not None:
+        return int(seed)
+    if pipelines > 1:
+        return 0
+    return int(np.random.SeedSequence().entropy % 2**63)
 
 
 def _downloads(shards: SplitShards, options: ReadOptions, cycle_length: int) -> Downloads:
@@ -205,20 +271,26 @@ def _open_at_once(cycle_length: int) -> int:
 
 
 def _finishing(
-    shards: SplitShards, augment: Augment | Any | None, image_dtype: str, one_hot: bool
+    shards: SplitShards,
+    augment: Augment | Any | None,
+    image_dtype: str,
+    one_hot: bool,
+    seed: int | None = None,
 ) -> Finishing:
     """A Keras layer runs on whole finished batches (then one-hot); a function per pair."""
     if is_keras_layer(augment):
-        layer = layer_augmenter(augment, shards, one_hot)
+        layer = layer_augmenter(augment, shards, one_hot, image_dtype, seed)
         return Finishing(finisher(shards, image_dtype, None, False), False, layer)
     return Finishing(finisher(shards, image_dtype, augment, one_hot), augment is not None, None)
 
 
 def _check_arguments(
-    batch_size: int, image_dtype: str, cache: CachePlan, service: str | None
+    batch_size: int, seed: int | None, image_dtype: str, cache: CachePlan, service: str | None
 ) -> None:
-    if batch_size < 1:
-        raise OptionsError(f"batch_size must be at least 1, got {batch_size}")
+    if not is_int(batch_size) or batch_size < 1:
+        raise OptionsError(f"batch_size must be an integer of at least 1, got {batch_size!r}")
+    if seed is not None and not is_int(seed):
+        raise OptionsError(f"seed must be an integer or None, got {seed!r}")
     if image_dtype not in ("float32", "uint8"):
         raise OptionsError(f"image_dtype must be 'float32' or 'uint8', got {image_dtype!r}")
     if service is not None and cache.kind != "none":
@@ -236,11 +308,10 @@ def _target_shape(
     if image_size is not None:
         if sizing.active:
             raise OptionsError("pass image_size (resize) or crop_size/pad_to, not both")
-        if len(image_size) != 2 or min(image_size) < 1:
-            raise OptionsError(f"image_size must be (height, width), got {image_size}")
-        return (int(image_size[0]), int(image_size[1]), channels)
+        return (*checked_size("image_size", image_size), channels)
     stored = shards.manifest.image_shape
     if stored is not None:
+        _check_pad_to(shards, stored, sizing)
         return stored
     if sizing.active or batch_size == 1:
         return (None, None, channels)
@@ -249,3 +320,17 @@ def _target_shape(
         "are; pass crop_size=(h, w) to train on random crops, pad_to=(h, w) or "
         "batch_size=1 to evaluate at native size, or image_size=(h, w) to resize them all"
     )
+
+
+def _check_pad_to(shards: SplitShards, stored: Shape, sizing: Sizing) -> None:
+    """Records of one known size larger than pad_to: refused now, in tfshards' words (the
+    shapes are static, so TensorFlow would fail first, in tf.ensure_shape's)."""
+    if sizing.pad_to is None:
+        return
+    height, width = sizing.pad_to
+    if stored[0] > height or stored[1] > width:
+        raise OptionsError(
+            f"a record is larger than pad_to=({height}, {width}): every record of "
+            f"{shards.root} is {stored[0]}x{stored[1]} (HxW, from its manifest); pass a "
+            "larger pad_to, or batch_size=1 to read records at their own size"
+        )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from tfshards.errors import OptionsError
+from tfshards.readers.options import checked_size
 
 AUTOTUNE = tf.data.AUTOTUNE
 # Mask value of padded pixels when the dataset declares no ignore label; the loss should
@@ -34,9 +35,8 @@ class Sizing:
         if self.crop_size is not None and self.pad_to is not None:
             raise OptionsError("pass crop_size (training) or pad_to (validation), not both")
         for name in ("crop_size", "pad_to"):
-            value = getattr(self, name)
-            if value is not None and (len(value) != 2 or min(value) < 1):
-                raise OptionsError(f"{name} must be (height, width), got {value}")
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, checked_size(name, getattr(self, name)))
         if self.crop_scale is not None:
             low, high = self.crop_scale
             if not 0 < low <= high:

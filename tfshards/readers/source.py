@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tfshards.readers.plan import ReadPlan
 from tfshards.schemas.format import compression
+from tfshards.sources.records import dataset_changed, file_identity
 from tfshards.sources.shard_cache import ShardCache
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -32,8 +33,34 @@ def shard_records(plan: ReadPlan) -> tf.data.Dataset:
 
     if plan.downloads is None:
         files = _epoch_order(tf.data.Dataset.from_tensor_slices(list(shards.paths)), plan)
-        return _interleaved(files, read_file, plan)
+        return _interleaved(files, _checked(read_file, shards.paths), plan)
     return _downloaded_records(plan, read_file)
+
+
+def _checked(read_file, paths: tuple[str, ...]):
+    """Each shard is checked to be the file the read began with, when it is opened and
+    after its last record: a shard replaced meanwhile (``convert --overwrite``) stops
+    the read with DatasetChangedError instead of mixing two datasets."""
+    identities = {path: file_identity(path) for path in paths}
+
+    def check(path: tf.Tensor) -> tf.Tensor:
+        def same(name: bytes) -> bytes:
+            name = name.decode()
+            if file_identity(name) != identities[name]:
+                raise dataset_changed(name, "another file now has its name")
+            return b""
+
+        checked = tf.py_function(lambda p: same(p.numpy()), [path], tf.string)
+        return tf.ensure_shape(checked, [])
+
+    def read_checked(path: tf.Tensor) -> tf.data.Dataset:
+        opened = check(path)
+        with tf.control_dependencies([opened]):
+            records = read_file(tf.identity(path))
+        after = tf.data.Dataset.from_tensors(path).map(check).filter(lambda _: False)
+        return records.concatenate(after)
+
+    return read_checked
 
 
 def _epoch_order(files: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:

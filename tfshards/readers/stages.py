@@ -53,6 +53,8 @@ def served(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
 
 def cached(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     """Pairs through the cache asked for: memory, or a disk entry (built or read)."""
+    from tfshards.readers.pipeline import unchanged_check
+
     if plan.cache.kind == "memory":
         return pairs.cache()
     if plan.cache.kind != "disk":
@@ -70,6 +72,7 @@ def cached(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
         deterministic=plan.order.deterministic,
         after=(lambda ds: _batch(ds, plan)) if at_cache else None,
         shuffle_buffer=plan.shuffle_buffer(serialized=False),
+        unchanged=unchanged_check(plan),
     )
 
 
@@ -105,8 +108,9 @@ def batched(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
 
 
 def finished(batches: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
-    """Output dtypes (one vectorized op per batch), then a Keras layer on whole batches."""
-    finishing, deterministic = plan.finishing, plan.order.deterministic
+    """Output dtypes (one vectorized op per batch), then a Keras layer on whole batches;
+    batches stay in order, so the short one stays last."""
+    finishing, deterministic = plan.finishing, True
     if not finishing.per_pair_augment:  # else batched() finished each pair
         batches = batches.map(
             finishing.finish, num_parallel_calls=AUTOTUNE, deterministic=deterministic
@@ -139,9 +143,10 @@ def budgeted(batches: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
 def _batch(dataset: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     # Parallel: gathering a batch of large records out of a shuffle buffer is a copy
     # from memory far larger than the CPU caches.
+    # Batches in order, always: out of order, the short last batch could come mid-epoch.
     return dataset.batch(
         plan.batching.size,
         drop_remainder=plan.batching.drop_remainder,
         num_parallel_calls=AUTOTUNE,
-        deterministic=plan.order.deterministic,
+        deterministic=True,
     )

@@ -15,10 +15,10 @@ because ISA-L's levels 1 and 2 do not always give the same bytes for the same in
 Their output depends on where the caller's ``isal_zstream`` lies in memory (python-isal
 keeps it on the C stack of the calling thread). Moving only that structure about in a
 zero-filled mapping changed the bytes at about 1% of addresses
-(``benchmarks/isal_address_dependence.py``). Compressing small masks in four threads of
+(``benchmarks/studies/isal_address_dependence.py``). Compressing small masks in four threads of
 fresh processes gave other bytes for some of them in up to 9% of processes at level 1
 (0-14 of 150, by the data and the run) and in 1 of 150 at level 2
-(``benchmarks/deflate_levels.py``), and in none with address randomisation off. The
+(``benchmarks/studies/deflate_levels.py``), and in none with address randomisation off. The
 streams stay valid and inflate to the same pixels; only the bytes differ, so two
 conversions of the same data could disagree on their sha256s. Level 3 showed no such
 difference in any run (4,500 addresses, 450 processes), compresses about as well (0.6%
@@ -27,7 +27,7 @@ level 1's 0.62 and zlib's 4.0 ms (figures in benchmarks/README.md).
 
 ISA-L picks each level's code by the CPU's features, and the bytes differ between
 them: forcing its AVX2 code in place of AVX-512's gave other level-3 bytes for 373 of
-400 inputs, its baseline code for all of them (``benchmarks/isal_cpu_paths.py``). Its
+400 inputs, its baseline code for all of them (``benchmarks/studies/isal_cpu_paths.py``). Its
 bytes also differ from zlib's at the same level. So the same conversion on another CPU
 family, or with and without ``isal``, gives shards of other sha256s holding the same
 records. A conversion that must give the same bytes everywhere chooses zlib:

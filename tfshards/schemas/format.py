@@ -24,6 +24,7 @@ carries its parameters (``level``, ``quality``) and its TFDS form:
 - ``keep``: the source file's own bytes when they already decode to the
   stored pixels (a PNG or JPEG, no EXIF rotation, no resize, no mode change),
   otherwise PNG. The fastest conversion, and the smallest shards for JPEG photos.
+  Masks keep PNG sources only: a JPEG mask becomes a PNG of its decoded labels.
 - ``png``, ``jpeg``: always re-encoded. ``jpeg`` is lossy and refused for masks.
 
 Compressions: the whole-shard stream (none, gzip, zlib), each with its levels
@@ -37,7 +38,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,12 +62,15 @@ class PixelFormat:
 
     batchable: records of one size can be decoded a whole batch at a time
     (``tf_decode_batch``), which the reader prefers to one op per record.
+    exact: every decoder gives the same pixels from the bytes (false for JPEG, whose
+    decoders may round differently), so masks may be stored in it.
     """
 
     name: str
     np_decode: Callable[[bytes, int, int, int], np.ndarray]
     tf_decode: Callable  # (encoded, height, width, channels) -> uint8 [H, W, C]
     batchable: bool = False
+    exact: bool = True
 
 
 def _pil_decode(encoded: bytes, height: int, width: int, channels: int) -> np.ndarray:
@@ -93,10 +97,22 @@ def _deflate_decode(encoded: bytes, height: int, width: int, channels: int) -> n
 
 
 def _tf_image_decode(encoded, height, width, channels: int):
-    """PNG or JPEG (mixed under ``keep``), one record."""
+    """PNG or JPEG (mixed under ``keep``), one record, to the pixels Pillow decodes.
+
+    JPEG decoders may differ by a few levels: ``tf.io.decode_image`` uses the fast DCT,
+    Pillow (conversion, verify, decode_record) libjpeg's accurate integer DCT, which
+    ``INTEGER_ACCURATE`` selects, with the same upsampling: equal pixels (tested).
+    """
     import tensorflow as tf
 
-    pixels = tf.io.decode_image(encoded, channels=channels, dtype=tf.uint8, expand_animations=False)
+    def png():
+        return tf.io.decode_png(encoded, channels=channels)
+
+    def jpeg():
+        return tf.io.decode_jpeg(encoded, channels=channels, dct_method="INTEGER_ACCURATE")
+
+    # JPEG holds 1 or 3 channels: an RGBA record is a PNG (jpeg's kernel refuses 4).
+    pixels = png() if channels == 4 else tf.cond(tf.io.is_jpeg(encoded), jpeg, png)
     return tf.ensure_shape(pixels, [None, None, channels])
 
 
@@ -105,6 +121,17 @@ def _tf_raw_decode(encoded, height, width, channels: int):
     import tensorflow as tf
 
     pixels = tf.io.decode_raw(encoded, tf.uint8)
+    # A byte count other than height x width x channels would reshape into other images
+    # (half-images, or three gray images per RGB record): an error instead.
+    size = tf.shape(pixels, tf.int64)[-1]
+    expected = tf.cast(height, tf.int64) * tf.cast(width, tf.int64) * channels
+    check = tf.debugging.Assert(
+        tf.equal(size, expected),
+        [tf.strings.format("a record's pixels are {} bytes where its size, {}x{}x{} "
+                           "(HxWxC), makes {}", [size, height, width, channels, expected])],
+    )  # fmt: skip
+    with tf.control_dependencies([check]):
+        pixels = tf.identity(pixels)
     if encoded.shape.rank == 0:
         return tf.reshape(pixels, tf.stack([height, width, channels]))
     return tf.reshape(pixels, (-1, height, width, channels))
@@ -118,7 +145,7 @@ def _tf_deflate_decode(encoded, height, width, channels: int):
 
 PIXEL_FORMATS: dict[str, PixelFormat] = {
     "png": PixelFormat("png", _pil_decode, _tf_image_decode),
-    "jpeg": PixelFormat("jpeg", _pil_decode, _tf_image_decode),
+    "jpeg": PixelFormat("jpeg", _pil_decode, _tf_image_decode, exact=False),
     "raw": PixelFormat("raw", _raw_decode, _tf_raw_decode, batchable=True),
     "deflate": PixelFormat("deflate", _deflate_decode, _tf_deflate_decode, batchable=True),
 }
@@ -220,8 +247,18 @@ ENCODINGS: dict[str, Encoding] = {
     ),
 }
 DEFAULT_ENCODING = "deflate"
+
+
+def _for_masks(encoding: Encoding) -> Encoding:
+    """The encoding as masks use it: ``keep`` reuses PNG sources only; a JPEG mask is
+    stored as a PNG of the labels Pillow decoded from it, the ones validated and counted
+    (other JPEG decoders may give other labels)."""
+    exact = tuple(name for name in encoding.formats if PIXEL_FORMATS[name].exact)
+    return encoding if exact == encoding.formats else replace(encoding, formats=exact)
+
+
 # Masks hold class indices: a lossy encoding would invent classes at edges.
-MASK_ENCODINGS: dict[str, Encoding] = {n: e for n, e in ENCODINGS.items() if e.lossless}
+MASK_ENCODINGS: dict[str, Encoding] = {n: _for_masks(e) for n, e in ENCODINGS.items() if e.lossless}
 
 
 def image_encoding(name: str) -> Encoding:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from tfshards import storage
-from tfshards.errors import DatasetChangedError, OptionsError
+from tfshards.errors import DatasetChangedError, ManifestError, OptionsError
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import compression
 from tfshards.schemas.offsets import RecordOffsets, read_record, shard_offsets
@@ -99,7 +99,7 @@ class SplitRecords:
             self.open_files = _open_files_within(shards, shard_cache_limit)
             self.identities: list[Identity] = []
         else:
-            self.identities = [_identity(os.stat(path)) for path in shards.paths]
+            self.identities = [_opened_identity(path) for path in shards.paths]
         self._reset()
 
     def _reset(self) -> None:
@@ -166,9 +166,16 @@ class SplitRecords:
             if number not in self._offsets:
                 shard = self.shards.shards[number]
                 path = Path(self._local_path(number))
-                self._offsets[number] = shard_offsets(
+                offsets = shard_offsets(
                     path, shard.sha256, os.fstat(fd).st_size, self.offsets_folder
                 )
+                if len(offsets) != shard.records:
+                    raise ManifestError(
+                        f"{self.shards.paths[number]}: {len(offsets)} records, but the manifest "
+                        f"says {shard.records}; the manifest was edited or belongs to other "
+                        "shards: convert again (`tfshards verify` shows the differences)"
+                    )
+                self._offsets[number] = offsets
             return fd, self._offsets[number]
 
     def _reset_locked(self) -> None:
@@ -183,14 +190,22 @@ class SplitRecords:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            raise _changed(path, "it is gone") from None
+            raise dataset_changed(path, "it is gone") from None
         if path is self.shards.paths[number] and _identity(os.fstat(fd)) != self.identities[number]:
             os.close(fd)
-            raise _changed(path, "another file now has its name")
+            raise dataset_changed(path, "another file now has its name")
         self._files[number] = fd
         while len(self._files) > self.open_files:
             self._close_locked(next(iter(self._files)))
         return fd
+
+    def check_unchanged(self) -> None:
+        """Raise DatasetChangedError if a local shard is not the file opened at the start
+        (a dataset at a URL is checked by sha256 as its shards arrive)."""
+        if self.downloads is not None:
+            return
+        for number, path in enumerate(self.shards.paths):
+            self._check_identity(number, path)
 
     def _local_copy(self, number: int, *, mark: bool) -> str:
         """The local uncompressed file of shard ``number``: the shard itself, its
@@ -231,9 +246,9 @@ class SplitRecords:
         try:
             identity = _identity(os.stat(path))
         except FileNotFoundError:
-            raise _changed(path, "it is gone") from None
+            raise dataset_changed(path, "it is gone") from None
         if identity != self.identities[number]:
-            raise _changed(path, "another file now has its name")
+            raise dataset_changed(path, "another file now has its name")
 
     def _shard_cache(self) -> ShardCache:
         with self._cache_lock:
@@ -271,7 +286,22 @@ def _identity(stat: os.stat_result) -> Identity:
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
-def _changed(path: str, how: str) -> DatasetChangedError:
+def _opened_identity(path: str) -> Identity:
+    identity = file_identity(path)
+    if identity is None:
+        raise dataset_changed(path, "it is gone")
+    return identity
+
+
+def file_identity(path: str) -> Identity | None:
+    """(device, inode, size, mtime) of a file; None when it is gone."""
+    try:
+        return _identity(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
+def dataset_changed(path: str, how: str) -> DatasetChangedError:
     return DatasetChangedError(
         f"{path}: the dataset was replaced while it was being read ({how}; e.g. by "
         "`tfshards convert --overwrite`); no pairs of the new version were mixed in: "

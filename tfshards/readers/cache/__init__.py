@@ -8,6 +8,7 @@ reads it afterwards.
 
 from tfshards.readers.cache.entry import (
     CacheEntry,
+    CacheFolderError,
     CacheInfo,
     CacheSpaceError,
     DiskCache,
@@ -20,6 +21,7 @@ from tfshards.readers.cache.stage import disk_cached
 
 __all__ = [
     "CacheEntry",
+    "CacheFolderError",
     "CacheInfo",
     "CacheSpaceError",
     "DiskCache",

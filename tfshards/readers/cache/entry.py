@@ -36,10 +36,12 @@ from tfshards import storage
 from tfshards.errors import TfshardsError
 from tfshards.readers.cache.layouts import CACHE_PARTS, PartLayout, Shape, layout_for, part_count
 from tfshards.readers.shards import SplitShards
-from tfshards.schemas.format import CACHE_DIR_NAME
+from tfshards.schemas.format import CACHE_DIR_NAME, MANIFEST_NAME
 from tfshards.sources.folders import process_alive, user_cache_dir
 
-CACHE_FORMAT = 2
+# 3: fixed-size entries are two flat files read by index (store.py); entries of older
+# formats, including any built by a pass that overlapped `convert --overwrite`, are not read.
+CACHE_FORMAT = 3
 INFO_FILE = "info.json"
 READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"
@@ -48,6 +50,21 @@ log = logging.getLogger("tfshards")
 
 class CacheSpaceError(TfshardsError):
     """The disk lacks room for the cache that would be built."""
+
+
+class CacheFolderError(TfshardsError):
+    """A cache folder cannot be created, written or removed (names it and the cause)."""
+
+
+def _unwritable(folder: Path, exc: OSError) -> str:
+    cause = exc.strerror or str(exc)
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(folder) else ""
+    return (
+        f"cannot write the disk cache in {folder}: {cause}{where}; a read-only dataset "
+        f"caches under the user cache folder ({user_cache_dir()}, from $XDG_CACHE_HOME): "
+        "make that writable, set XDG_CACHE_HOME, pass cache='a/writable/folder', or "
+        "cache=None to stream"
+    )
 
 
 @dataclass(frozen=True)
@@ -121,8 +138,12 @@ class DiskCache:
         return self.folder / name
 
     def is_ready(self) -> bool:
-        """True when the ready folder holds every part at its full size."""
+        """True when the ready folder holds every file at its full size."""
         layout = self.layout
+        if self.info.shape[0] is not None:
+            from tfshards.readers.cache.store import flat_ready
+
+            return flat_ready(self.ready, self.info.records, self.info.shape)
         for index in range(CACHE_PARTS):
             count = part_count(self.info.records, index)
             for kind in layout.kinds:
@@ -172,7 +193,11 @@ class DiskCache:
         if self.ready.exists():
             log.warning("%s: incomplete or damaged cache files; rebuilding them", self.ready)
             shutil.rmtree(self.ready, ignore_errors=True)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.info.save(self.folder)  # also proves the folder writable before a pass
+        except OSError as exc:
+            raise CacheFolderError(_unwritable(self.folder, exc)) from exc
         _remove_abandoned_builds(self.folder)
         needed = self.layout.bytes_needed(self.info.records, stored_bytes)
         free = shutil.disk_usage(self.folder).free
@@ -182,7 +207,6 @@ class DiskCache:
                 f"{needed / 2**20:.0f} MiB but {self.folder} has {free / 2**20:.0f} MiB free; "
                 "free space, pass cache='other/folder/', or cache=None to stream"
             )
-        self.info.save(self.folder)
         log.info("building the disk cache in %s while the first epoch streams", self.folder)
 
 
@@ -207,6 +231,11 @@ def default_cache_root(dataset: Path | str) -> Path:
     beside = dataset / CACHE_DIR_NAME
     if os.access(dataset, os.W_OK):
         return beside
+    return _fallback_root(dataset)
+
+
+def _fallback_root(dataset: Path) -> Path:
+    """Where the caches of a dataset in a read-only folder live."""
     return user_cache_dir() / hashlib.sha256(str(dataset.resolve()).encode()).hexdigest()[:16]
 
 
@@ -239,30 +268,42 @@ class CacheEntry:
 
 
 def list_caches(root: str | os.PathLike) -> list[CacheEntry]:
-    """Cache entries under a cache root, a dataset folder (its cache folder), or a
+    """Cache entries under a cache root, a dataset folder (its cache folder beside the
+    shards and, for a read-only folder, the one under the user cache folder), or a
     dataset's URL (its decoded cache under the user cache folder)."""
-    root = _cache_root_of(root)
-    if not root.is_dir():
-        return []
     entries = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        state = "ready" if (folder / READY_DIR).is_dir() else "incomplete"
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-        entries.append(CacheEntry(folder, state, size, CacheInfo.load(folder)))
+    for folder in _cache_roots_of(root):
+        if not folder.is_dir():
+            continue
+        for entry in sorted(p for p in folder.iterdir() if p.is_dir()):
+            state = "ready" if (entry / READY_DIR).is_dir() else "incomplete"
+            size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            entries.append(CacheEntry(entry, state, size, CacheInfo.load(entry)))
     return entries
 
 
 def clear_caches(root: str | os.PathLike) -> int:
-    """Remove every cache entry under root; return the bytes freed."""
+    """Remove every cache entry under root (as :func:`list_caches` finds them); return the
+    bytes freed. Raises CacheFolderError naming an entry that cannot be removed."""
     freed = 0
     for entry in list_caches(root):
-        shutil.rmtree(entry.path, ignore_errors=True)
+        try:
+            shutil.rmtree(entry.path)
+        except OSError as exc:
+            cause = exc.strerror or str(exc)
+            raise CacheFolderError(
+                f"cannot remove the cache entry {entry.path}: {cause} ({exc.filename}); "
+                f"{freed / 2**20:.1f} MiB freed before it"
+            ) from exc
         freed += entry.bytes
     return freed
 
 
-def _cache_root_of(location: str | os.PathLike) -> Path:
+def _cache_roots_of(location: str | os.PathLike) -> list[Path]:
     if storage.is_url(location):
-        return default_cache_root(str(location).rstrip("/"))
+        return [default_cache_root(str(location).rstrip("/"))]
     path = Path(location)
-    return path / CACHE_DIR_NAME if (path / CACHE_DIR_NAME).is_dir() else path
+    if (path / MANIFEST_NAME).is_file() or (path / CACHE_DIR_NAME).is_dir():
+        # Beside the shards while the folder was writable; else under the user cache.
+        return [path / CACHE_DIR_NAME, _fallback_root(path)]
+    return [path]

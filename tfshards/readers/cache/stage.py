@@ -34,8 +34,9 @@ class CacheBuilder:
     interrupted pass) abandons the build; the last index publishes it.
     """
 
-    def __init__(self, cache: DiskCache) -> None:
+    def __init__(self, cache: DiskCache, unchanged: Callable[[], None] | None = None) -> None:
         self.cache = cache
+        self.unchanged = unchanged  # raises when the dataset changed since the read began
         self.layout = cache.layout
         self._lock = threading.Lock()
         self._folder: Path | None = None
@@ -84,6 +85,12 @@ class CacheBuilder:
             self._folder = None
 
     def _publish(self) -> None:
+        if self.unchanged is not None:
+            try:
+                self.unchanged()  # a pass that overlapped `convert --overwrite` never publishes
+            except Exception:
+                self._abandon()
+                raise
         self._close(sync=True)
         folder, self._folder = self._folder, None
         try:
@@ -103,6 +110,7 @@ def disk_cached(
     deterministic: bool,
     after: Batcher | None = None,
     shuffle_buffer: int = 1,
+    unchanged: Callable[[], None] | None = None,
 ) -> tf.data.Dataset:
     """uint8 pairs in record order -> the same pairs, from the cache once it is built.
 
@@ -111,7 +119,7 @@ def disk_cached(
     shuffles decoded pairs and batches them; a cached pass shuffles the byte records,
     batches them and decodes each batch with one op per field.
     """
-    builder = CacheBuilder(cache)
+    builder = CacheBuilder(cache, unchanged)
 
     def build_pass() -> tf.data.Dataset:
         def write(index, pair):

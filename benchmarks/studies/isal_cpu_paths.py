@@ -1,6 +1,14 @@
 """Whether ISA-L's level 3 writes the same bytes on CPUs of other families (Linux x86-64).
 
-    python benchmarks/isal_cpu_paths.py --pairs 100
+A one-off study, kept for the decision it backs (not a benchmark to rerun):
+Decision: Byte identity is promised per CPU family; ``--deflate-library zlib`` is the
+choice for identical bytes across families.
+Run: 2026-12-04. Recorded result: with level 3, AVX2 code wrote other bytes than this
+AVX-512 machine for 373 of 400 inputs, the baseline C code (ARM, older x86) for 400 of
+400; the control 0 of 400.
+Raw output: results/isal_cpu_paths.md.
+
+    python benchmarks/studies/isal_cpu_paths.py --pairs 100
 
 ISA-L chooses each function's code once, by the CPU's features, and keeps the choice in
 a pointer per function (``<name>_dispatched``). This script compresses the same inputs
@@ -19,6 +27,7 @@ import ctypes
 import subprocess
 import zlib
 
+import _benchmarks_path  # noqa: F401  (benchmarks/ on sys.path)
 from _common import synthetic_pixels
 from isal import isal_zlib
 

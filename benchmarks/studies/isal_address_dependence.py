@@ -1,6 +1,14 @@
 """Whether ISA-L's bytes depend on where its stream state lies in memory, per level.
 
-    python benchmarks/isal_address_dependence.py --positions 300 --pairs 240
+A one-off study, kept for the decision it backs (not a benchmark to rerun):
+Decision: Every deflate level 1-9 is written with ISA-L level 3
+(tfshards/schemas/deflate.py): ISA-L's levels 1 and 2 write other bytes for the same
+input depending on where the stream state lies in memory.
+Run: 2026-12-04. Recorded result: other bytes at 17 and 18 of 1,500 addresses (level 1,
+two runs), 18 and 17 (level 2), 0 and 0 (level 3).
+Raw output: results/isal_address_dependence.md.
+
+    python benchmarks/studies/isal_address_dependence.py --positions 300 --pairs 240
 
 Calls the ``isal_deflate_init``/``isal_deflate`` that the ``isal`` wheel bundles, through
 ctypes, with the same input, level buffer and output buffer every time, and only the
@@ -25,6 +33,7 @@ import random
 import zlib
 from collections import Counter
 
+import _benchmarks_path  # noqa: F401  (benchmarks/ on sys.path)
 from _common import synthetic_pixels
 from isal import isal_zlib
 

@@ -1,6 +1,13 @@
 """`tfshards convert` as a fresh process with glibc's malloc arenas against tfshards' cap.
 
-    python benchmarks/convert_arenas.py --count 2000 --size 256 --repeats 4
+A one-off study, kept for the decision it backs (not a benchmark to rerun):
+Decision: ``import tfshards`` caps glibc's malloc arenas at two in the converter too
+(tfshards/malloc_arenas.py).
+Run: 2026-12-04. Recorded result: the capped conversion ran at 0.97x and 1.01x glibc's
+pairs/s, within the run-to-run spread.
+Raw output: results/allocator_choice.md (last section).
+
+    python benchmarks/studies/convert_arenas.py --count 2000 --size 256 --repeats 4
 
 "glibc" runs with MALLOC_ARENA_MAX=16 (glibc's default on 2 cores, 8 per core); "cap"
 leaves it unset, so `import tfshards` caps the arenas at two in the CLI and its workers.
@@ -21,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _benchmarks_path  # noqa: F401  (benchmarks/ on sys.path)
 from _common import markdown_table
 
 CLI = [sys.executable, "-m", "tfshards.cli"]

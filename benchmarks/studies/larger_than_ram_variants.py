@@ -1,6 +1,16 @@
 """One change at a time under larger_than_ram.py's memory limit: environment variants.
 
-    python benchmarks/larger_than_ram_variants.py \
+A one-off study, kept for the decision it backs (not a benchmark to rerun):
+Decision: Under a memory cgroup ``read()`` gives tf.data a RAM budget of a quarter of
+the limit (tfshards/readers/memory_limits.py); the malloc-arena cap; a cache larger than
+half the usable memory is read 4 parts at a time.
+Run: 2026-12-03 and 2026-12-04. Recorded result: 512x512 RGB float32 streaming under 1.5
+GiB went from 0.58-0.73x the bare read (glibc's arenas) to 0.79-0.83x (the cap), and
+cached float32, killed before the RAM budget, finished; tables in benchmarks/README.md,
+"Larger than RAM".
+Raw output: benchmarks/results/larger_than_ram.md.
+
+    python benchmarks/studies/larger_than_ram_variants.py \
         --variants "arena2=MALLOC_ARENA_MAX:2,default=" \
         --pipelines bare,stream-float32 --epochs 3
 
@@ -20,6 +30,7 @@ import argparse
 import os
 from pathlib import Path
 
+import _benchmarks_path  # noqa: F401  (benchmarks/ on sys.path)
 import larger_than_ram as bench
 from _common import markdown_table
 

@@ -1,9 +1,18 @@
 """An allocator setting, A vs B, on every tfshards path of read_throughput.py and in a
+
+A one-off study, kept for the decision it backs (not a benchmark to rerun):
+Decision: tfshards caps glibc's malloc arenas at two, and leaves TensorFlow's BFC CPU
+allocator (``TF_CPU_ALLOCATOR_USE_BFC``) off.
+Run: 2026-12-03 (BFC) and 2026-12-04 (arenas). Recorded result: with the arena cap the
+read paths ran 1.03-1.64x as fast with a third to a half of the system time and equal or
+lower peak RSS, Keras fits within their spread (0.50-1.21x); BFC took 0.92-1.06x the
+default's CPU per pair and was killed under a memory limit where the default finished.
+Raw output: results/allocator_choice.md.
 Keras fit, side by side on the same data. By default TensorFlow's CPU allocator, default
 vs BFC (TF_CPU_ALLOCATOR_USE_BFC); any environment variable with --variable/--values:
 
-    python benchmarks/allocator_choice.py --count 1000 --size 256 --fit-sizes 256,512
-    python benchmarks/allocator_choice.py --variable MALLOC_ARENA_MAX --values 16,unset
+    python benchmarks/studies/allocator_choice.py --count 1000 --size 256 --fit-sizes 256,512
+    python benchmarks/studies/allocator_choice.py --variable MALLOC_ARENA_MAX --values 16,unset
 
 ("unset" removes the variable: with MALLOC_ARENA_MAX, tfshards' own cap of two arenas
 applies; 16 is glibc's default on 2 cores, 8 per core.) Each row runs in fresh child
@@ -28,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _benchmarks_path  # noqa: F401  (benchmarks/ on sys.path)
 from _common import markdown_table
 from read_throughput import CONVERSIONS, datasets
 

@@ -1,0 +1,224 @@
+"""Exact mid-epoch resume: start anywhere bit for bit, SIGKILL and rerun, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_pairs
+
+import tfshards
+from tfshards.readers.resume import ResumeError
+
+SCRIPT = Path(__file__).with_name("resume_training.py")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("resume")
+    images, masks = write_pairs(root / "data", count=50, size=(16, 16))
+    out = root / "shards"
+    tfshards.convert(images, masks, out, options=tfshards.ConvertOptions(num_shards=3))
+    return out
+
+
+def _batches(ds, count=None) -> list[bytes]:
+    out = []
+    for images, masks in ds:
+        out.append(images.numpy().tobytes() + masks.numpy().tobytes())
+        if count is not None and len(out) == count:
+            break
+    return out
+
+
+@pytest.mark.parametrize("cache", [None, "memory", "disk"])
+def test_start_at_any_position_is_bit_for_bit(dataset, tmp_path, cache):
+    cache = tmp_path / "c" if cache == "disk" else cache
+    options = dict(batch_size=4, seed=5, image_dtype="uint8", cache=cache)
+    ds = tfshards.read(dataset, **options)
+    epochs = [_batches(ds) for _ in range(5)]
+    stream = [b for epoch in epochs for b in epoch]
+    per_epoch = len(epochs[0])
+    assert per_epoch == 13 and int(ds.cardinality()) == 13
+    # A batch, the last of an epoch, the first of the next, and the very last.
+    for epoch, batch in [(0, 5), (0, 12), (1, 0), (2, 12)]:
+        resumed = tfshards.read(dataset, **options, start=(epoch, batch))
+        got = _batches(resumed) + _batches(resumed)
+        at = epoch * per_epoch + batch
+        assert got == stream[at : at + 2 * per_epoch]  # two iterations: 26 batches on
+
+
+def test_an_epoch_is_the_same_in_another_process(dataset):
+    code = (
+        "import sys, hashlib, tfshards\n"
+        f"ds = tfshards.read({str(dataset)!r}, batch_size=4, seed=5, image_dtype='uint8',"
+        " start=(4, 0))\n"
+        "print(hashlib.sha1(b''.join(i.numpy().tobytes() for i, m in ds)).hexdigest())\n"
+    )
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    ds = tfshards.read(dataset, batch_size=4, seed=5, image_dtype="uint8")
+    import hashlib
+
+    for _ in range(4):
+        _batches(ds)
+    here = hashlib.sha1(b"".join(i.numpy().tobytes() for i, _ in ds)).hexdigest()
+    assert runs[0].stdout.strip() == runs[1].stdout.strip() == here
+
+
+def _train(dataset, backup, log, cache, kill_at, repeat=False) -> int:
+    args = [sys.executable, str(SCRIPT), str(dataset), str(backup), str(log), cache, str(kill_at)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    run = subprocess.run(args + (["repeat"] if repeat else []), capture_output=True, env=env)
+    if run.returncode not in (0, -9):
+        raise AssertionError(run.stderr.decode()[-3000:])
+    return run.returncode
+
+
+def _effective(log: Path) -> tuple[list[str], str]:
+    """Batches whose updates survived: each killed run's up to its last backup."""
+    runs, current = [], []
+    for line in log.read_text().splitlines():
+        if line.startswith("WEIGHTS"):
+            return [b for run in runs for b in run] + current, line
+        if line == "SAVE":
+            runs.append(current)
+            current = []
+        elif line == "KILLED":
+            current = []
+        else:
+            current.append(line)
+    raise AssertionError("the last run did not finish")
+
+
+@pytest.mark.parametrize(
+    "cache,repeat", [("none", False), ("disk", False), ("none", True)], ids=str
+)
+def test_sigkill_twice_then_rerun_trains_the_uninterrupted_batches(
+    dataset, tmp_path, cache, repeat
+):
+    cache_arg = str(tmp_path / "cache") if cache == "disk" else cache
+    _train(dataset, tmp_path / "b0", tmp_path / "full.log", cache_arg, 0, repeat)
+    log = tmp_path / "killed.log"
+    for kill_at in (17, 11):  # the first kill in epoch 1, the second in the rerun's epoch 2
+        assert _train(dataset, tmp_path / "b1", log, cache_arg, kill_at, repeat) == -9
+        with open(log, "a") as out:
+            out.write("KILLED\n")
+        state = (tmp_path / "b1" / "tfshards_state.json").read_bytes()
+        assert len(state) < 1024
+    assert _train(dataset, tmp_path / "b1", log, cache_arg, 0, repeat) == 0
+    full, full_weights = _effective(tmp_path / "full.log")
+    resumed, resumed_weights = _effective(log)
+    assert resumed == full
+    assert resumed_weights == full_weights
+
+
+def test_bad_states_are_refused(dataset, tmp_path):
+    ds = tfshards.read(dataset, batch_size=4, seed=5)
+    from tfshards.readers.resume import state_at
+
+    reader = ds._tfshards_reader
+    state = state_at(reader.identity, reader.schedule, 7)
+    assert len(state.to_json()) < 1024
+    assert _batches(tfshards.read(dataset, batch_size=4, seed=5, start=state), 1) == _batches(
+        tfshards.read(dataset, batch_size=4, seed=5, start=(0, 7)), 1
+    )
+    for change, message in [
+        (dict(seed=6), "seed=5 but this read has seed=6"),
+        (dict(batch_size=5), "not a whole number of steps"),
+        (dict(split="val"), "split='train' but this read has split='val'"),
+        (dict(shuffle=False), "shuffle=True but this read has shuffle=False"),
+    ]:
+        options = dict(batch_size=4, seed=5) | change
+        if change.get("split") == "val":
+            with pytest.raises(Exception, match="no split|split="):
+                tfshards.read(dataset, **options, start=state)
+            continue
+        with pytest.raises(ResumeError, match=message):
+            tfshards.read(dataset, **options, start=state)
+    other = tmp_path / "other"
+    images, masks = write_pairs(tmp_path / "odata", count=50, size=(16, 16), seed=1)
+    tfshards.convert(images, masks, other, options=tfshards.ConvertOptions(num_shards=3))
+    with pytest.raises(ResumeError, match="dataset="):
+        tfshards.read(other, batch_size=4, seed=5, start=state)
+    path = tmp_path / "state.json"
+    state.save(path)
+    path.write_text(path.read_text()[:-9])
+    with pytest.raises(ResumeError, match="damaged"):
+        tfshards.ReadState.load(path)
+    with pytest.raises(tfshards.OptionsError, match=r"0 <= batch < 13"):
+        tfshards.read(dataset, batch_size=4, seed=5, start=(0, 13))
+
+
+def test_pipelines_get_equal_batches_and_the_global_order_is_elastic(dataset):
+    whole = _batches(tfshards.read(dataset, batch_size=12, seed=5, image_dtype="uint8"))
+    import tensorflow as tf
+
+    parts = []
+    for pipeline in range(3):
+        context = tf.distribute.InputContext(3, pipeline, 3)
+        ds = tfshards.read(
+            dataset, batch_size=12, seed=5, image_dtype="uint8", input_context=context
+        )
+        parts.append(_batches(ds))
+    assert [len(p) for p in parts] == [4, 4, 4]  # 50 records: 4 whole rounds of 12
+    image_bytes = 16 * 16 * 3
+    for round_index in range(4):
+        pipelines = [np.frombuffer(parts[p][round_index], np.uint8) for p in range(3)]
+        images = np.concatenate([p[: 4 * image_bytes] for p in pipelines])
+        assert (
+            images.tobytes()
+            == np.frombuffer(whole[round_index], np.uint8)[: 12 * image_bytes].tobytes()
+        )
+
+
+def test_resume_needs_the_ordered_reader(dataset):
+    with pytest.raises(tfshards.OptionsError, match="start= needs a read by index"):
+        tfshards.read(dataset, batch_size=4, seed=5, pad_to=(16, 16), start=(0, 1))
+    with pytest.raises(ResumeError, match="needs the dataset returned by tfshards.read"):
+        tfshards.ResumeCallback("b", tfshards.read(dataset, batch_size=4).map(lambda a, b: a))
+
+
+def test_state_json_round_trip(dataset):
+    ds = tfshards.read(dataset, batch_size=4, seed=5)
+    from tfshards.readers.resume import state_at
+
+    state = state_at(ds._tfshards_reader.identity, ds._tfshards_reader.schedule, 20)
+    assert (state.epoch, state.records_done) == (1, 28)
+    assert tfshards.ReadState.from_json(state.to_json()) == state
+    assert json.loads(state.to_json())["seed"] == 5
+
+
+AUGMENT = """
+import hashlib, sys, keras, tfshards
+layer = keras.layers.Pipeline(
+    [keras.layers.RandomFlip("horizontal", seed=1), keras.layers.RandomRotation(0.2, seed=2)]
+)
+path, start, skip = sys.argv[1], sys.argv[2], int(sys.argv[3])
+start = None if start == "-" else tuple(int(v) for v in start.split(","))
+ds = tfshards.read(path, batch_size=4, seed=3, augment=layer, start=start, repeat=True)
+for image, mask in ds.skip(skip).take(4):
+    print(hashlib.sha1(image.numpy().tobytes() + mask.numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_augmented_batches_resume_exactly(dataset, backend):
+    def run(start: str, skip: int) -> list[str]:
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+        args = [sys.executable, "-c", AUGMENT, str(dataset), start, str(skip)]
+        out = subprocess.run(args, capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()
+
+    per_epoch = int(tfshards.read(dataset, batch_size=4, seed=3).cardinality())
+    uninterrupted = run("-", per_epoch + 2)  # epoch 1 from batch 2, reached by reading
+    assert len(uninterrupted) == 4 and uninterrupted == run("-", per_epoch + 2)
+    assert run("1,2", 0) == uninterrupted, "started there: the same augmented batches"

@@ -1,0 +1,142 @@
+"""Decoded uint8 pairs by record index, for the ordered reader: in RAM or in a disk entry.
+
+A fixed-size disk entry is two flat files, ``pairs.image`` ([records, H, W, C] uint8,
+row-major) and ``pairs.mask`` ([records, H, W]), so pair ``i`` is one slice of each:
+a batch is gathered from memory-mapped files with one NumPy indexing per field, never
+one tf.data element per pair.
+
+Building: every decoded batch is written at its records' places in a private
+``.building-*`` folder, whatever the order; once every record has been written (in
+one epoch, or over several when a run starts mid-epoch), the files are flushed,
+fsynced and the folder renamed to ``ready``. The first rename wins; a crash leaves a
+building folder nobody reads (see entry.py). Before publishing, the shards are checked
+to be the ones the build started from, so a pass that overlapped ``convert
+--overwrite`` never publishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from tfshards.readers.cache.entry import DiskCache
+
+log = logging.getLogger("tfshards")
+FLAT_FILES = ("pairs.image", "pairs.mask")
+
+
+def flat_sizes(records: int, shape: tuple[int, int, int]) -> tuple[int, int]:
+    height, width, channels = shape
+    return records * height * width * channels, records * height * width
+
+
+class PairStore:
+    """``records`` decoded pairs of ``shape``; RAM when ``cache`` is None, else its entry."""
+
+    def __init__(
+        self,
+        records: int,
+        shape: tuple[int, int, int],
+        cache: DiskCache | None = None,
+        unchanged: Callable[[], None] | None = None,
+    ) -> None:
+        self.records, self.shape, self.cache = records, shape, cache
+        self.unchanged = unchanged  # raises when the shards changed since the read began
+        self._lock = threading.Lock()
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self._written: np.ndarray | None = None
+        self._folder: Path | None = None
+        self.ready = False
+        if cache is not None and flat_ready(cache.ready, records, shape):
+            self._arrays = self._mapped(cache.ready, "r")
+            self.ready = True
+
+    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs at ``indices`` (the store must be ready)."""
+        images, masks = self._arrays
+        order = np.argsort(indices, kind="stable")  # ascending offsets: sequential reads
+        out_images = np.empty((len(indices), *images.shape[1:]), np.uint8)
+        out_masks = np.empty((len(indices), *masks.shape[1:]), np.uint8)
+        out_images[order] = images[indices[order]]
+        out_masks[order] = masks[indices[order]]
+        return out_images, out_masks
+
+    def write(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
+        """Keep decoded pairs; publish (disk) or mark ready (RAM) once all are kept."""
+        with self._lock:
+            if self.ready:
+                return
+            if self._written is None:
+                self._start()
+            target_images, target_masks = self._arrays
+            target_images[indices] = images
+            target_masks[indices] = masks.reshape(target_masks[indices].shape)
+            self._written[indices] = True
+            if self._written.all():
+                self._finish()
+
+    def _start(self) -> None:
+        self._written = np.zeros(self.records, bool)
+        if self.cache is None:
+            self._arrays = (
+                np.empty((self.records, *self.shape), np.uint8),
+                np.empty((self.records, *self.shape[:2], 1), np.uint8),
+            )
+            return
+        self._folder = self.cache.new_building_folder()
+        self._folder.mkdir(parents=True)
+        self._arrays = self._mapped(self._folder, "w+")
+
+    def _finish(self) -> None:
+        if self.cache is None:
+            self.ready = True
+            return
+        if self.unchanged is not None:
+            self.unchanged()  # raises: the build never publishes a mix of two datasets
+        for array in self._arrays:
+            array.flush()
+        for name in FLAT_FILES:
+            with open(self._folder / name, "rb+") as handle:
+                os.fsync(handle.fileno())
+        self._publish()
+
+    def _publish(self) -> None:
+        folder, self._folder = self._folder, None
+        try:
+            os.rename(folder, self.cache.ready)
+        except OSError:  # another process published first: its entry holds the same pairs
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            log.info("disk cache ready: %s", self.cache.ready)
+        self._arrays = self._mapped(self.cache.ready, "r")
+        self._written = None
+        self.ready = True
+
+    def _mapped(self, folder: Path, mode: str) -> tuple[np.ndarray, np.ndarray]:
+        height, width, channels = self.shape
+        shapes = ((self.records, height, width, channels), (self.records, height, width, 1))
+        return tuple(
+            np.memmap(folder / name, np.uint8, mode=mode, shape=shape)
+            for name, shape in zip(FLAT_FILES, shapes, strict=True)
+        )
+
+    def abandon(self) -> None:
+        with self._lock:
+            if self._folder is not None:
+                self._arrays = None
+                shutil.rmtree(self._folder, ignore_errors=True)
+                self._folder = None
+
+
+def flat_ready(folder: Path, records: int, shape: tuple[int, int, int]) -> bool:
+    sizes = flat_sizes(records, shape)
+    return all(
+        (folder / name).is_file() and (folder / name).stat().st_size == size
+        for name, size in zip(FLAT_FILES, sizes, strict=True)
+    )

@@ -1,0 +1,218 @@
+"""The ordered reader: batches that are a function of (seed, epoch, batch), from any position.
+
+    steps (a cursor's start + 0, 1, 2...) -> (epoch, batch) -> record indices (order.py)
+      -> one read per batch: decoded pairs from a ready cache, or records by offset
+      -> decoded (one op per field) -> kept in the cache while it is being built
+      -> finished (dtype, one-hot) -> a Keras layer seeded from (seed, epoch, batch)
+
+Each iteration of the dataset starts where its :class:`Cursor` says: the step after the
+previous iteration, or where :class:`tfshards.ResumeCallback` puts it. A step is a batch
+counted from batch 0 of epoch 0, so ``start=(epoch, batch)`` is one number, and the
+state to resume from is a few numbers (``ReadState``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from tfshards.readers.cache.store import PairStore
+from tfshards.readers.order import BatchSchedule, EpochOrder
+from tfshards.sources.records import SplitRecords
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+class Cursor:
+    """The step each new iteration starts at; thread-safe (tf.data calls it)."""
+
+    def __init__(self, start: int, per_iteration: int | None) -> None:
+        self.next_start = start
+        self.per_iteration = per_iteration  # None: one endless iteration
+        self.iteration_start = start
+        self.iterations = 0
+        self._lock = threading.Lock()
+
+    def step(self, index: int) -> int:
+        """The step of the ``index``-th element of the current iteration (0 begins one)."""
+        with self._lock:
+            if index == 0:
+                self.iteration_start = self.next_start
+                self.iterations += 1
+                if self.per_iteration is not None:
+                    self.next_start += self.per_iteration
+            return self.iteration_start + index
+
+    def move_to(self, step: int) -> None:
+        with self._lock:
+            self.next_start = step
+
+
+@dataclass
+class OrderedReader:
+    """What one ordered ``read()`` call reads, and where its iterations start."""
+
+    order: EpochOrder
+    schedule: BatchSchedule
+    records: SplitRecords
+    store: PairStore | None
+    cursor: Cursor
+    shape: tuple[int, int, int]
+    identity: dict  # what a saved state must match (see resume.py)
+    downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
+
+    def batch_indices(self, step: int) -> np.ndarray:
+        epoch, batch = self.schedule.position(step)
+        return self.schedule.batch(self.order.records(epoch), batch)
+
+    def fetch(self, step: tf.Tensor):
+        """py_function body: (records, from_store, images, masks) of one step."""
+        indices = self.batch_indices(int(step))
+        store = self.store
+        if store is not None and store.ready:
+            images, masks = store.read(indices)
+            return indices, tf.constant([], tf.string), True, images, masks
+        height, width, channels = self.shape
+        empty = np.zeros((0, height, width, channels), np.uint8)
+        return indices, self.records.read(indices), False, empty, empty[..., :1]
+
+    def prefetch(self, step: tf.Tensor) -> int:
+        """py_function body: the shards of a step's records made local (URL, gzip/zlib)."""
+        self.records.prefetch(self.batch_indices(int(step)))
+        return int(step)
+
+    def keep(self, indices, images, masks) -> bool:
+        """py_function body: decoded pairs into the store while it is being built."""
+        if self.store is not None and not self.store.ready:
+            self.store.write(indices.numpy(), images.numpy(), masks.numpy())
+        return True
+
+
+def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.Dataset:
+    """uint8 (image, mask) batches from the cursor's start on, one read per batch."""
+    per_iteration = reader.schedule.batches_per_epoch
+    steps = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(per_iteration)
+    # Sequential: the element with index 0 begins an iteration in the cursor.
+    steps = steps.map(
+        lambda i: tf.ensure_shape(tf.py_function(reader.cursor.step, [i], tf.int64), [])
+    )
+    shape = reader.shape
+    if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
+
+        def ahead(step: tf.Tensor) -> tf.Tensor:
+            return tf.ensure_shape(tf.py_function(reader.prefetch, [step], tf.int64), [])
+
+        steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
+
+    def load(step: tf.Tensor):
+        indices, records, from_store, images, masks = tf.py_function(
+            reader.fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.uint8]
+        )
+        images = tf.ensure_shape(images, [None, *shape])
+        masks = tf.ensure_shape(masks, [None, *shape[:2], 1])
+        image, mask = tf.cond(
+            tf.ensure_shape(from_store, []),
+            lambda: (images, masks),
+            lambda: decode(tf.ensure_shape(records, [None])),
+        )
+        if reader.store is not None:
+            kept = tf.py_function(reader.keep, [indices, image, mask], tf.bool)
+            with tf.control_dependencies([kept]):
+                image, mask = tf.identity(image), tf.identity(mask)
+        return step, image, mask
+
+    return steps.map(load, num_parallel_calls=AUTOTUNE, deterministic=True)
+
+
+def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
+    """The whole ordered pipeline of a plan (``plan.ordered``), from ``start``: None (the
+    beginning), ``(epoch, batch)`` or a ``ReadState``."""
+    reader = ordered_reader(plan, start, store)
+    batches = ordered_batches(reader, batch_decoder(plan.decoder), repeat=plan.repeat)
+    finishing = plan.finishing
+    finish = finishing.finish
+    if finishing.per_pair_augment:  # a function of one pair: mapped over the batch
+        finish = _per_pair(finish, plan.shape)
+
+    def finished(step, image, mask):
+        image, mask = finish(image, mask)
+        if finishing.layer is not None:
+            image, mask = finishing.layer(image, mask, step)
+        return image, mask
+
+    # Sequential when a layer draws random numbers: its draws are seeded per batch, and a
+    # layer's seed generator is one variable shared by every call.
+    if finishing.layer is not None:
+        batches = batches.map(finished)
+    else:
+        batches = batches.map(finished, num_parallel_calls=AUTOTUNE, deterministic=True)
+    dataset = batches.prefetch(AUTOTUNE)
+    dataset._tfshards_reader = reader  # found by ResumeCallback (resume.py)
+    return dataset
+
+
+def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
+    from tfshards.readers.resume import read_identity, start_step
+
+    shards = plan.shards
+    order = EpochOrder(
+        tuple(shard.records for shard in shards.shards),
+        plan.order.shuffle,
+        plan.order_seed,
+        plan.group_shards,
+    )
+    index, count = plan.pipeline
+    schedule = BatchSchedule(
+        shards.records, plan.batching.size, count, index, plan.batching.drop_remainder
+    )
+    per_iteration = None if plan.repeat else schedule.batches_per_epoch
+    identity = read_identity(plan, schedule)
+    step = start_step(start, identity, schedule)
+    local = plan.records.downloads is None and not plan.records.kind.compressed
+    return OrderedReader(
+        order,
+        schedule,
+        plan.records,
+        store,
+        Cursor(step, per_iteration),
+        plan.shape,
+        identity,
+        0 if local else plan.options.download_ahead,
+    )
+
+
+def batch_decoder(decoder):
+    """[B] serialized records -> uint8 [B, H, W, C] and [B, H, W, 1] of the plan's shape."""
+    if decoder.whole_batches:
+        return decoder.decode_batch
+    height, width, channels = decoder.shape
+    signature = (
+        tf.TensorSpec((height, width, channels), tf.uint8),
+        tf.TensorSpec((height, width, 1), tf.uint8),
+    )
+
+    def decode(records: tf.Tensor):
+        features = decoder.parse_sized(records)
+        return tf.map_fn(decoder.decode_one, features, fn_output_signature=signature)
+
+    return decode
+
+
+def _per_pair(finish, shape):
+    """A function of one pair, over a batch (its output types found by tracing it once)."""
+    height, width, channels = shape
+    traced = tf.function(finish).get_concrete_function(
+        tf.TensorSpec((height, width, channels), tf.uint8),
+        tf.TensorSpec((height, width, 1), tf.uint8),
+    )
+    signature = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype), traced.structured_outputs
+    )
+
+    def per_pair(images, masks):
+        return tf.map_fn(lambda pair: finish(*pair), (images, masks), fn_output_signature=signature)
+
+    return per_pair
