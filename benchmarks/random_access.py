@@ -21,7 +21,8 @@ Each row runs in a spawned process of its own; its loader is made once (workers
 persistent, as in training) and a pass reads one epoch's number of batches from it. The
 rows take turns pass by pass (a noisy moment hits all of them), after one warm-up pass
 each (which includes starting the workers); the page cache is warm. Reported: median
-pairs/s, spread ((max - min) / median), ratios.
+pairs/s, spread ((max - min) / median), CPU ms per pair (the row's process and its worker
+processes, steadier than wall time on a shared machine), ratios.
 
 --breakdown: microseconds per pair of each step of one Pairs read, in one process.
 --fit: Keras 3 `fit` (TensorFlow backend) on a small model, steps/s, fed by Grain over
@@ -92,7 +93,8 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
     print(
         f"{args.count} pairs of {args.size}x{args.size} RGB + 1-channel masks, batch {BATCH}, "
         f"{WORKERS} workers, page cache warm, {os.cpu_count()} cores (shared); "
-        f"median of {args.repeats} passes, spread = (max - min) / median"
+        f"median of {args.repeats} passes, spread = (max - min) / median, CPU of the loader's "
+        "process and its workers"
     )
     rows = measure(tmp, args.repeats)
     print(markdown_table(rows))
@@ -216,13 +218,15 @@ def measure(tmp: Path, repeats: int) -> list[dict]:
             process.start()
             servers[(encoding, name)] = (mine, process)
     rates: dict[tuple[str, str], list[float]] = {key: [] for key in servers}
+    cpu: dict[tuple[str, str], list[float]] = {key: [] for key in servers}
     try:
         for epoch in range(repeats + 1):  # pass 0 warms up every row
             for key, (connection, _) in servers.items():
                 connection.send(epoch)
-                pairs, seconds = connection.recv()
+                pairs, seconds, cpu_seconds = connection.recv()
                 if epoch:
                     rates[key].append(pairs / seconds)
+                    cpu[key].append(cpu_seconds / pairs * 1e3)
     finally:
         for connection, process in servers.values():
             with contextlib.suppress(OSError):
@@ -230,7 +234,7 @@ def measure(tmp: Path, repeats: int) -> list[dict]:
             process.join(30)
             if process.exitcode is None:
                 process.kill()
-    return [_rate_row(key, rates) for key in rates]
+    return [_rate_row(key, rates, cpu) for key in rates]
 
 
 def _row_server(connection, name: str, path: str) -> None:
@@ -240,17 +244,38 @@ def _row_server(connection, name: str, path: str) -> None:
     batches = LOADERS[name](Path(path))
     per_epoch = -(-Manifest.load(path).splits["train"].records // BATCH)
     while connection.recv() is not None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_seconds()
         pairs = one_pass(batches, per_epoch)
-        connection.send((pairs, time.perf_counter() - start))
+        connection.send((pairs, time.perf_counter() - start, _cpu_seconds() - cpu))
 
 
-def _rate_row(key: tuple[str, str], rates: dict[tuple[str, str], list[float]]) -> dict:
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and of its child processes (the loaders'
+    workers live across passes, so RUSAGE_CHILDREN, which counts the exited, misses
+    them): /proc/<pid>/stat fields utime, stime, cutime, cstime."""
+    own = os.times()
+    total = own.user + own.system
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == os.getpid():  # fields[1]: the parent's pid
+            total += sum(int(v) for v in fields[11:15]) / tick
+    return total
+
+
+def _rate_row(key: tuple[str, str], rates: dict, cpu: dict) -> dict:
     encoding, name = key
     values = rates[key]
     median = statistics.median(values)
     row = {"encoding": encoding, "loader": name, "pairs/s": round(median)}
     row["spread"] = f"{(max(values) - min(values)) / median:.0%}"
+    row["CPU ms/pair"] = f"{statistics.median(cpu[key]):.3f}"
     for other in ("read_uint8", "tfrecord_package"):
         base = statistics.median(rates[(encoding, other)])
         row[f"x {other}"] = f"{median / base:.2f}"
