@@ -143,15 +143,16 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, bytes | int]]:
             raise RecordError(f"unexpected protobuf wire type {wire}")
 
 
-def parse_example(data: bytes) -> dict[str, bytes | int]:
-    """The features of a tf.train.Example holding one bytes or int64 value each."""
+def parse_example(data: bytes | memoryview) -> dict[str, bytes | int]:
+    """The features of a tf.train.Example holding one bytes or int64 value each; given a
+    memoryview, the bytes values are memoryviews into it (a large record is not copied)."""
     features: dict[str, bytes | int] = {}
     for _, _, features_message in _fields(data):
         for _, _, entry in _fields(features_message):
             name, value = "", None
             for number, _, part in _fields(entry):
                 if number == 1:
-                    name = part.decode("utf-8")
+                    name = str(part, "utf-8")  # bytes, or a memoryview (no copies)
                 elif number == 2:
                     value = _feature_value(part)
             features[name] = value

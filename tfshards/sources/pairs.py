@@ -113,7 +113,7 @@ class Pairs:
 
     def _decoded(self, index: int, data: bytes) -> tuple[np.ndarray, np.ndarray, str]:
         try:
-            record = decode_record(parse_example(data))
+            record = decode_record(_parsed(data))
         except ValueError as exc:  # RecordError too
             shard, local = (int(n[0]) for n in self.records.locate(np.array([index])))
             where = storage.display(self.records.shards.paths[shard])
@@ -129,6 +129,19 @@ class Pairs:
         if self.transform is not None:
             image, mask = self.transform(image, mask)
         return (image, mask, key) if self.with_keys else (image, mask)
+
+
+_TEXT_FIELDS = ("key", "image/format", "mask/format")
+
+
+def _parsed(data: bytes) -> dict:
+    """The record's features, the pixel bytes as views into ``data`` (parsing a large
+    record by slicing copies its pixels once per nesting level: four times)."""
+    features = parse_example(memoryview(data))
+    for name in _TEXT_FIELDS:
+        if isinstance(features.get(name), memoryview):
+            features[name] = bytes(features[name])
+    return features
 
 
 def _index(index: int, length: int) -> int:
