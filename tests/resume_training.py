@@ -1,9 +1,10 @@
 """A training script for the resume tests: fit with ResumeCallback, optionally SIGKILLed.
 
 usage: resume_training.py DATASET BACKUP LOG CACHE KILL_AT [REPEAT]
-Each trained batch's digest is appended to LOG (from inside train_step), "SAVE" after
-each backup, and the final weights' digest as "WEIGHTS <hex>" at the end. KILL_AT > 0
-SIGKILLs the process after that many steps of this run.
+Validation data runs after every epoch. Each trained batch's digest is appended to LOG
+(from inside train_step), "SAVE" after each backup, and the final weights' digest as
+"WEIGHTS <hex>" at the end. KILL_AT > 0 SIGKILLs the process after that many steps of
+this run.
 """
 
 import hashlib
@@ -67,8 +68,10 @@ model.compile(
     optimizer=keras.optimizers.Adam(1e-2),
     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
 )
+validation = tfshards.read(dataset, batch_size=8, shuffle=False)  # from its start each time
 model.fit(
     train,
+    validation_data=validation,
     epochs=3,
     steps_per_epoch=steps_per_epoch,
     shuffle=False,

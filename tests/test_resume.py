@@ -105,6 +105,19 @@ def test_sigkill_twice_then_rerun_trains_the_uninterrupted_batches(
     dataset, tmp_path, cache, repeat
 ):
     cache_arg = str(tmp_path / "cache") if cache == "disk" else cache
+    _killed_twice_and_rerun(dataset, tmp_path, cache_arg, repeat)
+
+
+def test_sigkill_twice_then_rerun_from_a_bucket(dataset, tmp_path, s3_bucket, monkeypatch):
+    from s3_server import upload_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # a cold shard cache
+    url = f"{s3_bucket}/resume"
+    upload_folder(dataset, url)
+    _killed_twice_and_rerun(url, tmp_path, "none", False)
+
+
+def _killed_twice_and_rerun(dataset, tmp_path: Path, cache_arg: str, repeat: bool) -> None:
     _train(dataset, tmp_path / "b0", tmp_path / "full.log", cache_arg, 0, repeat)
     log = tmp_path / "killed.log"
     for kill_at in (17, 11):  # the first kill in epoch 1, the second in the rerun's epoch 2
@@ -222,3 +235,29 @@ def test_augmented_batches_resume_exactly(dataset, backend):
     uninterrupted = run("-", per_epoch + 2)  # epoch 1 from batch 2, reached by reading
     assert len(uninterrupted) == 4 and uninterrupted == run("-", per_epoch + 2)
     assert run("1,2", 0) == uninterrupted, "started there: the same augmented batches"
+
+
+def test_a_state_resumes_on_another_number_of_pipelines(dataset):
+    """Elastic: the same global batch on 3 pipelines continues the 1-pipeline sequence;
+    a global batch that does not divide the position is refused, naming both."""
+    import tensorflow as tf
+
+    from tfshards.readers.resume import state_at
+
+    one = tfshards.read(dataset, batch_size=12, seed=5, image_dtype="uint8")
+    reader = one._tfshards_reader
+    state = state_at(reader.identity, reader.schedule, 2)  # 24 records of epoch 0 done
+    expected = np.frombuffer(_batches(one)[2], np.uint8)
+    image_bytes = 16 * 16 * 3
+    slices = []
+    for pipeline in range(3):
+        context = tf.distribute.InputContext(3, pipeline, 3)
+        ds = tfshards.read(
+            dataset, batch_size=12, seed=5, image_dtype="uint8", input_context=context,
+            start=state,
+        )  # fmt: skip
+        slices.append(np.frombuffer(_batches(ds, 1)[0], np.uint8)[: 4 * image_bytes])
+    assert np.concatenate(slices).tobytes() == expected[: 12 * image_bytes].tobytes()
+    context = tf.distribute.InputContext(2, 0, 2)
+    with pytest.raises(ResumeError, match=r"2 pipelines x batch 5.*saved with 12 records"):
+        tfshards.read(dataset, batch_size=10, seed=5, input_context=context, start=state)

@@ -15,6 +15,7 @@ hundred bytes), and on restart moves the dataset's cursor there:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import keras
 from tfshards.readers.resume import ReadState, ResumeError, state_at, step_of
 
 STATE_FILE = "tfshards_state.json"
+log = logging.getLogger("tfshards")
 
 
 def _reader_of(dataset):
@@ -62,6 +64,15 @@ class ResumeCallback(keras.callbacks.BackupAndRestore):
         if self.state_path.exists():
             self._resume = self._load(initial)
             self.reader.cursor.move_to(self._resume[2])
+            epoch, batch = self.reader.schedule.position(self._resume[2])
+            log.info(
+                "resuming from %s: Keras epoch %d after %d steps, data epoch %d batch %d",
+                self.state_path,
+                initial,
+                self._resume[1],
+                epoch,
+                batch,
+            )
         self._epoch_start = self.reader.cursor.next_start
 
     def _load(self, keras_epoch: int) -> tuple[int, int, int]:
