@@ -216,3 +216,20 @@ def test_reading_compressed_shards_and_the_shard_cache_import_no_tensorflow(
         [sys.executable, "-c", program], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def test_threads_reading_beyond_the_open_file_limit_never_lose_a_descriptor(dataset, tmp_path):
+    """A descriptor in use by one thread is never closed by another opening a shard."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    records = SplitRecords(split_shards(dataset, "train"), offsets_folder=tmp_path / "o")
+    records.open_files = 1  # every shard opened closes another, unless it is in use
+    expected = _all_records(dataset)
+    rng = np.random.default_rng(0)
+    batches = [rng.permutation(11)[:5] for _ in range(300)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(records.read, batches))
+    assert all(
+        got == [expected[i] for i in batch] for got, batch in zip(results, batches, strict=True)
+    )
+    assert len(records._files) <= 1

@@ -107,13 +107,23 @@ class SplitRecords:
         self._lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._files: OrderedDict[int, int] = OrderedDict()  # shard number -> descriptor
+        self._busy: dict[int, int] = {}  # shard number -> reads using its descriptor now
         self._offsets: dict[int, RecordOffsets] = {}
         self._marked: set[int] = set()  # shards marked in use in the shard cache
         self._cache: ShardCache | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_pid", "_lock", "_cache_lock", "_files", "_offsets", "_marked", "_cache"):
+        for name in (
+            "_pid",
+            "_lock",
+            "_cache_lock",
+            "_files",
+            "_busy",
+            "_offsets",
+            "_marked",
+            "_cache",
+        ):
             state.pop(name)
         return state
 
@@ -138,12 +148,35 @@ class SplitRecords:
         out: list[bytes] = [b""] * len(shard_numbers)
         # Shard by shard, in offset order: sequential reads where the order allows.
         order = np.lexsort((locals_, shard_numbers))
-        for position in order:
-            number, local = int(shard_numbers[position]), int(locals_[position])
-            fd, offsets = self._open(number)
-            where = f"{self.shards.paths[number]}: record {local}"
-            out[position] = read_record(fd, offsets.starts[local], offsets.lengths[local], where)
+        starts = np.flatnonzero(np.diff(shard_numbers[order], prepend=-1))
+        for run in np.split(order, starts[1:]):
+            number = int(shard_numbers[run[0]])
+            fd, offsets = self._open(number)  # in use until done: never closed under us
+            try:
+                for position in run:
+                    local = int(locals_[position])
+                    where = f"{self.shards.paths[number]}: record {local}"
+                    start, length = offsets.starts[local], offsets.lengths[local]
+                    out[position] = read_record(fd, start, length, where)
+            finally:
+                self._done(number)
         return out
+
+    def _done(self, number: int) -> None:
+        """A read of shard ``number`` is over; close descriptors beyond the limit now."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return
+            self._busy[number] -= 1
+            if not self._busy[number]:
+                del self._busy[number]
+            self._close_beyond_limit()
+
+    def _close_beyond_limit(self) -> None:
+        """Close the least recently used descriptors no read is using, down to the limit."""
+        idle = [n for n in self._files if n not in self._busy]
+        for number in idle[: max(0, len(self._files) - self.open_files)]:
+            self._close_locked(number)
 
     def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
         """Make the shards of the records at ``indices`` local now: download them into the
@@ -163,6 +196,8 @@ class SplitRecords:
             if fd is None:
                 fd = self._open_checked(number)
             self._files.move_to_end(number)
+            self._busy[number] = self._busy.get(number, 0) + 1
+            self._close_beyond_limit()
             if number not in self._offsets:
                 shard = self.shards.shards[number]
                 path = Path(self._local_path(number))
@@ -181,6 +216,7 @@ class SplitRecords:
     def _reset_locked(self) -> None:
         self._pid = os.getpid()
         self._files = OrderedDict()
+        self._busy = {}
         self._marked = set()
         self._cache = None  # the parent's helper process and locks are the parent's
         self._cache_lock = threading.Lock()
@@ -195,8 +231,6 @@ class SplitRecords:
             os.close(fd)
             raise dataset_changed(path, "another file now has its name")
         self._files[number] = fd
-        while len(self._files) > self.open_files:
-            self._close_locked(next(iter(self._files)))
         return fd
 
     def check_unchanged(self) -> None:
