@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfshards.readers.cache.store import PairStore
+from tfshards.readers.exit_guard import guarded
 from tfshards.readers.order import BatchSchedule, EpochOrder
 from tfshards.sources.records import SplitRecords
 
@@ -97,19 +98,19 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
     steps = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(per_iteration)
     # Sequential: the element with index 0 begins an iteration in the cursor.
     steps = steps.map(
-        lambda i: tf.ensure_shape(tf.py_function(reader.cursor.step, [i], tf.int64), [])
+        lambda i: tf.ensure_shape(tf.py_function(guarded(reader.cursor.step), [i], tf.int64), [])
     )
     shape = reader.shape
     if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
 
         def ahead(step: tf.Tensor) -> tf.Tensor:
-            return tf.ensure_shape(tf.py_function(reader.prefetch, [step], tf.int64), [])
+            return tf.ensure_shape(tf.py_function(guarded(reader.prefetch), [step], tf.int64), [])
 
         steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
 
     def load(step: tf.Tensor):
         indices, records, from_store, images, masks = tf.py_function(
-            reader.fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.uint8]
+            guarded(reader.fetch), [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.uint8]
         )
         images = tf.ensure_shape(images, [None, *shape])
         masks = tf.ensure_shape(masks, [None, *shape[:2], 1])
@@ -119,7 +120,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
             lambda: decode(tf.ensure_shape(records, [None])),
         )
         if reader.store is not None:
-            kept = tf.py_function(reader.keep, [indices, image, mask], tf.bool)
+            kept = tf.py_function(guarded(reader.keep), [indices, image, mask], tf.bool)
             with tf.control_dependencies([kept]):
                 image, mask = tf.identity(image), tf.identity(mask)
         return step, image, mask
