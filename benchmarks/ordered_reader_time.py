@@ -1,0 +1,124 @@
+"""Where the ordered reader's time goes: thread CPU time in each of its Python pieces, per
+pair, beside the process's CPU ms per pair, for one path per run.
+
+    python benchmarks/read_throughput.py --count 2000 --size 256 --reuse /tmp/rt
+    python benchmarks/ordered_reader_time.py /tmp/rt raw_stream_uint8
+
+Paths: raw_stream_uint8, deflate_stream_uint8 (streams of the raw and deflate
+conversions that read_throughput.py --reuse leaves in the folder), cached_uint8 and
+cached_float32 (a disk cache of the deflate conversion in FOLDER/profile-cache: built by
+the first cached run, whose building epoch is printed too). Each: one warm-up epoch,
+then 3 timed epochs. The pieces are wrapped with time.thread_time (the CPU of the
+thread that runs them, i.e. the py_function bodies): Cursor.step, OrderedReader.fetch
+(the per-batch read), SplitRecords.read and read_record (pread + CRC checks), PairStore
+.read (the cache gather) and OrderedReader.keep (the cache write). What is not in them
+is TensorFlow's: turning the returned bytes / arrays into tensors, parsing, decoding,
+casting. raw_stream_uint8 also times, in this thread over 60 batches, the parts of a
+batch read: records.read, os.pread alone, CRC32C of the data alone, and tf.constant of
+the 32 returned bytes objects (what py_function does with them). About a minute per
+path at 2000 pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+SPENT: dict[str, float] = defaultdict(float)
+
+
+def timed(name, function):
+    def wrapper(*args, **kwargs):
+        started = time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            SPENT[name] += time.thread_time() - started
+
+    return wrapper
+
+
+def instrument() -> None:
+    import tfshards.readers.cache.store as store
+    import tfshards.readers.ordered as ordered
+    import tfshards.sources.records as records
+
+    ordered.Cursor.step = timed("cursor.step", ordered.Cursor.step)
+    ordered.OrderedReader.fetch = timed("fetch", ordered.OrderedReader.fetch)
+    ordered.OrderedReader.keep = timed("keep (cache write)", ordered.OrderedReader.keep)
+    records.SplitRecords.read = timed("records.read", records.SplitRecords.read)
+    records.read_record = timed("read_record (pread + CRC)", records.read_record)
+    store.PairStore.read = timed("store.read (cache gather)", store.PairStore.read)
+
+
+def epoch(dataset) -> dict:
+    SPENT.clear()
+    cpu, started, pairs = time.process_time(), time.perf_counter(), 0
+    for image, _ in dataset:
+        pairs += int(image.shape[0])
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - started
+    result = {"pairs_per_s": round(pairs / wall), "process_cpu_ms_per_pair": 1000 * cpu / pairs}
+    result.update({f"{k} ms/pair": 1000 * v / pairs for k, v in sorted(SPENT.items())})
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+
+
+def parts_of_a_batch(reader) -> None:
+    import google_crc32c
+    import tensorflow as tf
+
+    records = reader.records
+    batches = [reader.batch_indices(step) for step in range(60)]
+    data = [records.read(indices) for indices in batches]
+    pairs = sum(len(b) for b in batches)
+    fd, offsets = records._open(0)
+
+    def pread_only(k):
+        for j in range(len(batches[k])):
+            os.pread(fd, int(offsets.lengths[j]), int(offsets.starts[j]))
+
+    parts = {
+        "records.read (pread + CRC + copies)": lambda k: records.read(batches[k]),
+        "os.pread alone": pread_only,
+        "CRC32C of the data alone": lambda k: [google_crc32c.value(d) for d in data[k]],
+        "tf.constant of the 32 bytes objects": lambda k: tf.constant(data[k]),
+    }
+    for label, part in parts.items():
+        started = time.thread_time()
+        for k in range(len(batches)):
+            part(k)
+        print(f"  {label}: {1000 * (time.thread_time() - started) / pairs:.3f} ms/pair")
+
+
+def main() -> None:
+    folder, path = Path(sys.argv[1]), sys.argv[2]
+    instrument()
+    import tfshards
+
+    cache = folder / "profile-cache"
+    make = {
+        "raw_stream_uint8": lambda: tfshards.read(folder / "raw", image_dtype="uint8", seed=0),
+        "deflate_stream_uint8": lambda: tfshards.read(
+            folder / "deflate", image_dtype="uint8", seed=0
+        ),
+        "cached_uint8": lambda: tfshards.read(
+            folder / "deflate", cache=cache, image_dtype="uint8", seed=0
+        ),
+        "cached_float32": lambda: tfshards.read(folder / "deflate", cache=cache, seed=0),
+    }
+    building = path.startswith("cached") and not cache.exists()
+    dataset = make[path]()
+    first = epoch(dataset)
+    if building:
+        print(path, "cache-building epoch", json.dumps(first))
+    for _ in range(3):
+        print(path, json.dumps(epoch(dataset)), flush=True)
+    if path == "raw_stream_uint8":
+        parts_of_a_batch(dataset._tfshards_reader)
+
+
+if __name__ == "__main__":
+    main()
