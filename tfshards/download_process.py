@@ -63,15 +63,15 @@ class DownloadProcess:
         with self._connect(location) as connection:
             connection.send(request)
             try:
-                failure = connection.recv()
+                reply = connection.recv()
             except (EOFError, OSError) as exc:
                 raise StorageError(
                     f"{storage.display(location)}: cannot download (the download process "
                     f"stopped: {type(exc).__name__})"
                 ) from exc
-        if isinstance(failure, Exception):
-            raise failure
-        return failure
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _connect(self, location: str) -> Connection:
         with self._start:

@@ -6,11 +6,10 @@ Layout (one folder per dataset, keyed by the sha256s of its shards)::
     <shard cache root>/<key>/.download-<pid>-<name>             a download in progress
     <shard cache root>/<key>/.locks/<name>.lock                  flock()ed, never trusted by age
 
-A shard is downloaded to a temporary name (hashed as it arrives, never read back),
-its size and sha256 compared with the manifest, and renamed into place only when both
-match; a mismatch is downloaded
-once more, then the read fails naming the object: a corrupt or truncated object
-never reaches training.
+A shard is downloaded to a temporary name (hashed as its bytes arrive, never read
+back), its size and sha256 compared with the manifest, and renamed into place only
+when both match; a mismatch is downloaded once more, then the read fails naming the
+object: a corrupt or truncated object never reaches training.
 
 Several processes on one host share the folder. Each shard's lock file is held
 exclusively while it is downloaded (others wait, then find it present: one
