@@ -158,7 +158,7 @@ def read_rows(images: Path, masks: Path, tmp: Path, url: str, args: argparse.Nam
     print(
         f"{args.count} pairs ({train} in train), {args.size}x{args.size} RGB, deflate, batch "
         f"{BATCH}, float32; moto S3 server on 127.0.0.1 sharing the {os.cpu_count()} cores; "
-        f"{args.repeats} processes per tree, alternating, each {args.repeats} timed passes "
+        f"{args.repeats} processes per tree, alternating, each 3 timed passes "
         "per kind; medians over all passes, spread = (max - min) / median"
     )
     rows, ratios = [], []
@@ -181,7 +181,9 @@ def _read_process(tree: Path, tmp: Path, url: str) -> dict:
     command = [sys.executable, str(script), str(tmp / "shards"), url, str(scratch), "3"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     server = _server_cpu()
-    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    done = subprocess.run(  # cwd: an older helper runs `python -m` and imports from there
+        command, env=env, cwd=tree, check=True, stdout=subprocess.PIPE, text=True
+    )
     server = _server_cpu() - server
     line = next(x for x in done.stdout.splitlines() if x.startswith("PASSES "))
     passes = json.loads(line[len("PASSES ") :])

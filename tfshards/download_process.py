@@ -37,6 +37,13 @@ from tfshards import storage
 from tfshards.errors import StorageError
 
 _KEY_BYTES = 32
+# The helper imports this very tfshards: ``python -m tfshards...`` would put the working
+# folder first on sys.path, and a tfshards checkout there (another version) would serve.
+_PACKAGE_ROOT = os.fspath(Path(__file__).resolve().parents[1])
+_BOOT = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from tfshards.download_process import _serve; _serve(sys.argv[1])"
+)
 _START_SECONDS = 60.0  # to import fsspec and bind the socket, on a loaded machine
 
 
@@ -127,7 +134,7 @@ class _Helper:
         folder = tempfile.mkdtemp(prefix="tfshards-downloads-")
         key = secrets.token_bytes(_KEY_BYTES)
         process = subprocess.Popen(
-            [sys.executable, "-m", "tfshards.download_process", folder],
+            [sys.executable, "-c", _BOOT.format(root=_PACKAGE_ROOT), folder],
             stdin=subprocess.PIPE,
             close_fds=True,
         )
