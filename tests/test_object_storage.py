@@ -575,3 +575,21 @@ def test_download_hashed_keeps_the_callers_client_options(s3_bucket, tmp_path):
     assert storage.download_hashed(f"{s3_bucket}/a.bin", tmp_path / "a", options)[0] == 3
     with pytest.raises(FileNotFoundError):
         storage.download_hashed(f"{s3_bucket}/missing.bin", tmp_path / "m")
+
+
+def test_the_download_helper_imports_this_tfshards_not_one_in_the_working_folder(
+    tmp_path, monkeypatch
+):
+    from tfshards import download_process
+
+    stranger = tmp_path / "cwd" / "tfshards"
+    stranger.mkdir(parents=True)
+    (stranger / "__init__.py").write_text("")
+    (stranger / "download_process.py").write_text("raise SystemExit(0)\n")
+    monkeypatch.chdir(stranger.parent)
+    monkeypatch.setattr(download_process, "_shared", None)  # a helper started here
+    source = tmp_path / "object.bin"
+    source.write_bytes(b"shard bytes" * 1000)
+    size, digest = download_process.DownloadProcess().get(str(source), tmp_path / "copy")
+    assert (size, digest) == (11000, storage.sha256_file(source))
+    assert (tmp_path / "copy").read_bytes() == source.read_bytes()
