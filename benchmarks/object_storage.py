@@ -25,6 +25,15 @@ The page cache is warm for the local rows.
 
     python benchmarks/object_storage.py --rows convert --before /tmp/tfshards-before
 
+    python benchmarks/object_storage.py --rows read --before /tmp/tfshards-before --repeats 3
+
+``--rows read`` runs only the reads, each round in fresh processes (one per tree:
+``--before`` then ``--after``, alternating, when ``--before`` is given; see
+``_bucket_read_passes.py``), and splits the CPU by process: main (tf.data, decoding),
+helper (the shard cache's download process) and the S3 server (not ours: a real object
+store runs elsewhere). Ours is main + helper. Ratios (cold/local CPU per pair, cold and
+warm pairs/s against local) are taken within each process, then their median and spread.
+
 ``--rows convert`` runs only the two convert rows. ``--before DIR`` adds
 local_before / local_after: ``tfshards convert`` into a local folder as a fresh
 process, from DIR (a tree of tfshards before the storage layer, e.g.
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -57,7 +67,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000, help="pairs (default 2000)")
     parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
     parser.add_argument("--repeats", type=int, default=3, help="passes per row (default 3)")
-    parser.add_argument("--rows", choices=("all", "convert"), default="all")
+    parser.add_argument("--rows", choices=("all", "convert", "read"), default="all")
+    parser.add_argument(
+        "--data", type=Path, help="an existing images/ + masks/ folder (default: synthesize)"
+    )
     parser.add_argument("--before", type=Path, help="a tfshards tree to time local convert against")
     parser.add_argument(
         "--after", type=Path, help="the tree timed against --before (default: here)"
@@ -83,8 +96,13 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
 
     s3fs.S3FileSystem().mkdir("tfshards-bench")
     url = "s3://tfshards-bench/shards"
-    tfshards.synth(tmp / "data", count=args.count, size=args.size, seed=0)
-    images, masks = tmp / "data" / "images", tmp / "data" / "masks"
+    data = args.data or tmp / "data"
+    if args.data is None:
+        tfshards.synth(data, count=args.count, size=args.size, seed=0)
+    images, masks = data / "images", data / "masks"
+    if args.rows == "read":
+        read_rows(images, masks, tmp, url, args)
+        return
     rows = convert_rows(images, masks, tmp / "shards", url, args.repeats)
     if args.before is not None:
         after = args.after or Path(__file__).resolve().parents[1]
@@ -121,6 +139,132 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
     print(markdown_table(rows))
     print()
     print(markdown_table(targets(by)))
+
+
+def read_rows(images: Path, masks: Path, tmp: Path, url: str, args: argparse.Namespace) -> None:
+    """Local stream, cold and warm bucket reads from each tree, in fresh processes,
+    alternating trees; rows with CPU split by process, then per-process ratios."""
+    import tfshards
+
+    tfshards.convert(images, masks, tmp / "shards", progress=False)
+    tfshards.convert(images, masks, url, progress=False, overwrite=True)
+    train = tfshards.Manifest.load(tmp / "shards").splits["train"].records
+    here = Path(__file__).resolve().parents[1]
+    trees = {"before": args.before, "after": args.after or here} if args.before else {"": here}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for _ in range(args.repeats):
+        for name, tree in trees.items():
+            runs[name].append(_read_process(tree, tmp, url))
+    print(
+        f"{args.count} pairs ({train} in train), {args.size}x{args.size} RGB, deflate, batch "
+        f"{BATCH}, float32; moto S3 server on 127.0.0.1 sharing the {os.cpu_count()} cores; "
+        f"{args.repeats} processes per tree, alternating, each 3 timed passes "
+        "per kind; medians over all passes, spread = (max - min) / median"
+    )
+    rows, ratios = [], []
+    for name, processes in runs.items():
+        for kind in ("local", "cold", "warm"):
+            passes = [p for process in processes for p in process[kind]]
+            rows.append(_split_row(f"{name} {kind}".strip(), passes, train))
+        ratios += _ratio_rows(name, processes, train)
+    print(markdown_table(rows))
+    print()
+    print(markdown_table(ratios))
+
+
+def _read_process(tree: Path, tmp: Path, url: str) -> dict:
+    """One fresh process's passes (``_bucket_read_passes.py``) from ``tree``; the server's
+    CPU over the process is added to its cold passes (local passes make no requests)."""
+    scratch = tmp / "scratch"
+    scratch.mkdir(exist_ok=True)
+    script = Path(__file__).resolve().parent / "_bucket_read_passes.py"
+    command = [sys.executable, str(script), str(tmp / "shards"), url, str(scratch), "3"]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    server = _server_cpu()
+    done = subprocess.run(  # cwd: an older helper runs `python -m` and imports from there
+        command, env=env, cwd=tree, check=True, stdout=subprocess.PIPE, text=True
+    )
+    server = _server_cpu() - server
+    line = next(x for x in done.stdout.splitlines() if x.startswith("PASSES "))
+    passes = json.loads(line[len("PASSES ") :])
+    for measured in passes["cold"]:
+        measured["server"] = server / (len(passes["cold"]) + 1)  # + the untimed cold pass
+    shutil.rmtree(scratch, ignore_errors=True)
+    return passes
+
+
+def _cpu_ms(measured: dict, pairs: int, *keys: str) -> float:
+    return 1000 * sum(measured.get(k, 0.0) for k in keys) / pairs
+
+
+def _split_row(name: str, passes: list[dict], pairs: int) -> dict:
+    rates = [pairs / p["seconds"] for p in passes]
+    middle = statistics.median(rates)
+
+    def ms(*keys: str) -> float:
+        return round(statistics.median(_cpu_ms(p, pairs, *keys) for p in passes), 3)
+
+    ours = [_cpu_ms(p, pairs, "main_user", "main_sys", "helper_user", "helper_sys") for p in passes]
+    return {
+        "row": name,
+        "pairs_per_s": round(middle),
+        "spread": round((max(rates) - min(rates)) / middle, 2),
+        "ours_cpu_ms": round(statistics.median(ours), 3),
+        "ours_spread": round((max(ours) - min(ours)) / statistics.median(ours), 2),
+        "main_user": ms("main_user"),
+        "main_sys": ms("main_sys"),
+        "helper_user": ms("helper_user"),
+        "helper_sys": ms("helper_sys"),
+        "server_cpu_ms": ms("server"),
+    }
+
+
+def _ratio_rows(name: str, processes: list[dict], pairs: int) -> list[dict]:
+    """Per process: cold/local CPU per pair (ours), cold and warm pairs/s over local."""
+    ours = ("main_user", "main_sys", "helper_user", "helper_sys")
+
+    def median(kind: str, value) -> float:
+        return statistics.median(value(p) for p in kind)
+
+    found: dict[str, list[float]] = {
+        "cold/local cpu": [],
+        "cold/local pairs/s": [],
+        "warm/local pairs/s": [],
+    }
+    for process in processes:
+        local_cpu = median(process["local"], lambda p: _cpu_ms(p, pairs, *ours))
+        local_rate = median(process["local"], lambda p: pairs / p["seconds"])
+        found["cold/local cpu"].append(
+            median(process["cold"], lambda p: _cpu_ms(p, pairs, *ours)) / local_cpu
+        )
+        found["cold/local pairs/s"].append(
+            median(process["cold"], lambda p: pairs / p["seconds"]) / local_rate
+        )
+        found["warm/local pairs/s"].append(
+            median(process["warm"], lambda p: pairs / p["seconds"]) / local_rate
+        )
+    goals = {
+        "cold/local cpu": ("<=", 1.15),
+        "cold/local pairs/s": (">=", 0.8),
+        "warm/local pairs/s": (">=", 0.95),
+    }
+    rows = []
+    for ratio, values in found.items():
+        middle = statistics.median(values)
+        sign, goal = goals[ratio]
+        met = middle <= goal if sign == "<=" else middle >= goal
+        rows.append(
+            {
+                "tree": name or "this",
+                "ratio": ratio,
+                "median": round(middle, 2),
+                "min": round(min(values), 2),
+                "max": round(max(values), 2),
+                "target": f"{sign} {goal}",
+                "met": "yes" if met else "no",
+            }
+        )
+    return rows
 
 
 def convert_rows(images: Path, masks: Path, local_out: Path, url: str, repeats: int) -> list[dict]:

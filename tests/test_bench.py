@@ -166,3 +166,51 @@ def test_log_lines_during_the_bench_progress_bar_start_on_their_own_line(tmp_pat
     err = capsys.readouterr().err
     before = err[: err.index("a log line")]
     assert before.endswith(("\r", "\n")) or before.rstrip(" ").endswith(("\r", "\n")), before
+
+
+def test_compare_baseline_prints_both_pipelines_both_epochs_and_the_ratios(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 40, size=(16, 16))
+    args = ["-q", "bench", "--images", str(images), "--masks", str(masks), "--compare-baseline"]
+    args += ["--work", str(tmp_path / "work"), "--report", str(tmp_path / "report")]
+    assert main([*args, "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")]
+    cells = [[cell.strip() for cell in row] for row in rows]
+    measured = {(row[0], row[1]): row for row in cells if row[1] in ("first", "warm")}
+    assert set(measured) == {
+        (pipeline, epoch)
+        for pipeline in (
+            "tfshards.read(cache=True)",
+            "keras image_dataset_from_directory + .cache(file)",
+        )
+        for epoch in ("first", "warm")
+    }
+    assert all(float(row[2]) > 0 and float(row[4]) > 0 for row in measured.values()), measured
+    ratios = {row[0]: [float(x) for x in row[1:]] for row in cells if "ours / keras" in row[0]}
+    assert set(ratios) == {
+        f"{epoch} epoch {what}, ours / keras"
+        for epoch in ("first", "warm")
+        for what in ("pairs/s", "cpu ms per pair")
+    }
+    assert all(low <= middle <= high and low > 0 for middle, low, high in ratios.values())
+    assert "40 pairs" in out and "2 rounds" in out and "Found" not in out
+    assert (tmp_path / "report" / "compare.md").read_text().strip() in out
+    assert not (tmp_path / "work" / "compare-shards").exists(), "its shards are removed"
+
+
+def test_bench_help_names_every_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--compare-baseline" in text and "image_dataset_from_directory" in text
+    for default in (
+        "(default 256)",
+        "(default ./bench)",
+        "(default 1,4,16,64)",
+        "(default deflate,keep,raw)",
+        "(default none,gzip)",
+        "(default 1,4,16)",
+        "(default 3)",
+        "(default 4.0)",
+    ):
+        assert default in text, default

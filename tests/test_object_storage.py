@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -541,3 +542,54 @@ def test_cli_at_default_verbosity_keeps_third_party_info_lines_out(tmp_path, s3_
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert "botocore: DEBUG:" in verbose.stderr  # -v still shows every library's lines
+
+
+@pytest.mark.parametrize("where", ["s3", "memory", "local"])
+def test_download_hashed_writes_the_object_and_returns_its_size_and_sha256(
+    where, request, tmp_path
+):
+    body = os.urandom(9 * 2**20 + 123)  # more than two of its 4 MiB chunks
+    if where == "s3":
+        source = f"{request.getfixturevalue('s3_bucket')}/dir/obj.bin"
+    elif where == "memory":
+        source = f"memory://tfshards-hashed-{os.getpid()}/obj.bin"
+    else:
+        source = str(tmp_path / "obj.bin")
+    storage.write_bytes(source, body)
+    target = tmp_path / "copy.bin"
+    target.write_bytes(b"stale bytes of an earlier attempt, longer than nothing")
+    size, digest = storage.download_hashed(source, target)
+    assert (size, digest) == (len(body), hashlib.sha256(body).hexdigest())
+    assert target.read_bytes() == body
+
+
+def test_download_hashed_keeps_the_callers_client_options(s3_bucket, tmp_path):
+    storage.write_bytes(f"{s3_bucket}/a.bin", b"abc")
+    options = {"config_kwargs": {"connect_timeout": 3}}
+    merged = storage._download_options(f"{s3_bucket}/a.bin", options)
+    assert merged["config_kwargs"] == {
+        "connect_timeout": 3,
+        "response_checksum_validation": "when_required",
+    }
+    assert options == {"config_kwargs": {"connect_timeout": 3}}, "the caller's dict untouched"
+    assert storage.download_hashed(f"{s3_bucket}/a.bin", tmp_path / "a", options)[0] == 3
+    with pytest.raises(FileNotFoundError):
+        storage.download_hashed(f"{s3_bucket}/missing.bin", tmp_path / "m")
+
+
+def test_the_download_helper_imports_this_tfshards_not_one_in_the_working_folder(
+    tmp_path, monkeypatch
+):
+    from tfshards import download_process
+
+    stranger = tmp_path / "cwd" / "tfshards"
+    stranger.mkdir(parents=True)
+    (stranger / "__init__.py").write_text("")
+    (stranger / "download_process.py").write_text("raise SystemExit(0)\n")
+    monkeypatch.chdir(stranger.parent)
+    monkeypatch.setattr(download_process, "_shared", None)  # a helper started here
+    source = tmp_path / "object.bin"
+    source.write_bytes(b"shard bytes" * 1000)
+    size, digest = download_process.DownloadProcess().get(str(source), tmp_path / "copy")
+    assert (size, digest) == (11000, storage.sha256_file(source))
+    assert (tmp_path / "copy").read_bytes() == source.read_bytes()

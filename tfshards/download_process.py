@@ -37,11 +37,19 @@ from tfshards import storage
 from tfshards.errors import StorageError
 
 _KEY_BYTES = 32
+# The helper imports this very tfshards: ``python -m tfshards...`` would put the working
+# folder first on sys.path, and a tfshards checkout there (another version) would serve.
+_PACKAGE_ROOT = os.fspath(Path(__file__).resolve().parents[1])
+_BOOT = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from tfshards.download_process import _serve; _serve(sys.argv[1])"
+)
 _START_SECONDS = 60.0  # to import fsspec and bind the socket, on a loaded machine
 
 
 class DownloadProcess:
-    """``get(url, local)`` run by a helper process shared by this process's readers."""
+    """``get(url, local)`` run by a helper process shared by this process's readers: it
+    writes the object straight into ``local`` and hashes it as it arrives."""
 
     def __init__(self) -> None:
         self._start = threading.Lock()
@@ -54,20 +62,23 @@ class DownloadProcess:
 
     def get(
         self, location: str, local: Path, storage_options: storage.StorageOptions = None
-    ) -> None:
-        """Download ``location`` to ``local`` (as ``storage.get``), raising what it raised."""
+    ) -> tuple[int, str]:
+        """Download ``location`` into ``local`` (as ``storage.download_hashed``): its
+        ``(size, sha256)``, or what it raised. ``local`` is written in place: the caller
+        gives a temporary name and renames it once the two match what it expects."""
         request = (location, os.fspath(local), storage_options, storage.RETRY_SECONDS)
         with self._connect(location) as connection:
             connection.send(request)
             try:
-                failure = connection.recv()
+                reply = connection.recv()
             except (EOFError, OSError) as exc:
                 raise StorageError(
                     f"{storage.display(location)}: cannot download (the download process "
                     f"stopped: {type(exc).__name__})"
                 ) from exc
-        if failure is not None:
-            raise failure
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _connect(self, location: str) -> Connection:
         with self._start:
@@ -123,7 +134,7 @@ class _Helper:
         folder = tempfile.mkdtemp(prefix="tfshards-downloads-")
         key = secrets.token_bytes(_KEY_BYTES)
         process = subprocess.Popen(
-            [sys.executable, "-m", "tfshards.download_process", folder],
+            [sys.executable, "-c", _BOOT.format(root=_PACKAGE_ROOT), folder],
             stdin=subprocess.PIPE,
             close_fds=True,
         )
@@ -189,11 +200,12 @@ def _download(connection: Connection) -> None:
         location, local, storage_options, retry_seconds = connection.recv()
         storage.RETRY_SECONDS = retry_seconds  # the parent's setting; one parent, one value
         try:
-            storage.get(location, local, storage_options)
-            failure = None
+            reply: tuple[int, str] | Exception = storage.download_hashed(
+                location, local, storage_options
+            )
         except Exception as exc:  # noqa: BLE001 - sent back and raised in the caller
-            failure = _portable(exc, location)
-        connection.send(failure)
+            reply = _portable(exc, location)
+        connection.send(reply)
 
 
 def _portable(exc: Exception, location: str) -> Exception:

@@ -52,19 +52,35 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="image encodings (default deflate,keep,raw)",
     )
     p.add_argument("--compression", default="none,gzip", help="compressions (default none,gzip)")
-    p.add_argument("--cycle-lengths", default="1,4,16", help="interleave cycle lengths")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per point (default 3)")
+    p.add_argument(
+        "--cycle-lengths", default="1,4,16", help="interleave cycle lengths (default 1,4,16)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed passes per point; with --compare-baseline, rounds (default 3)",
+    )
     p.add_argument(
         "--max-disk-ratio",
         type=float,
         default=4.0,
-        help="recommend only configurations within this many times the source bytes",
+        help="recommend only configurations within this many times the source bytes (default 4.0)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
         help="a small grid (2 shard counts, deflate+raw, no compression, cycle 1 and "
         "4, 3 repeats; with --synthetic, at most 300 pairs of 64x64, stated in the report)",
+    )
+    p.add_argument(
+        "--compare-baseline",
+        action="store_true",
+        help="instead of the grid: the README's path, tfshards.read(shards, cache=True) on "
+        "the default conversion, against the hand-written Keras pipeline "
+        "(image_dataset_from_directory + .cache(file)): first and warm epochs, --repeats "
+        "alternating rounds, pairs/s and CPU ms per pair with spreads, and the ratios "
+        "(e.g. tfshards bench --synthetic 2000 --compare-baseline: a few minutes on 2 cores)",
     )
     p.set_defaults(run=run_bench, tensorflow=True)
 
@@ -92,6 +108,8 @@ def run_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tfshards-bench-") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
         images, masks = _source(args, work)
+        if args.compare_baseline:
+            return _compare_and_report(args, images, masks, work)
         config = _config(args, images, masks, work)
         return _sweep_and_report(config, Path(args.report), quiet=args.quiet)
 
@@ -167,6 +185,23 @@ def _config(args: argparse.Namespace, images: Path, masks: Path, work: Path) -> 
         max_disk_ratio=args.max_disk_ratio,
         synthetic=not args.images,
     )
+
+
+def _compare_and_report(args: argparse.Namespace, images: Path, masks: Path, work: Path) -> int:
+    """--compare-baseline: the rounds, then rows and ratios printed and saved as compare.md."""
+    from tfshards.benchmarking.compare import CompareConfig, compare_markdown, run_comparison
+
+    config = CompareConfig(images, masks, work, rounds=args.repeats)
+    bar = tqdm(total=1 + 2 * config.rounds, unit="step", disable=args.quiet, desc="compare")
+    with logging_redirect_tqdm(), bar:
+        result = run_comparison(config, on_step=lambda name: bar.update(1))
+    text = compare_markdown(result, note=_note(args))
+    report = Path(args.report)
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "compare.md").write_text(text + "\n")
+    print(text)
+    print(f"wrote {report / 'compare.md'}")
+    return 0
 
 
 def _sweep_and_report(config: SweepConfig, report: Path, *, quiet: bool) -> int:

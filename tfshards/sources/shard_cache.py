@@ -6,10 +6,10 @@ Layout (one folder per dataset, keyed by the sha256s of its shards)::
     <shard cache root>/<key>/.download-<pid>-<name>             a download in progress
     <shard cache root>/<key>/.locks/<name>.lock                  flock()ed, never trusted by age
 
-A shard is downloaded to a temporary name, its size and sha256 compared with the
-manifest, and renamed into place only when both match; a mismatch is downloaded
-once more, then the read fails naming the object: a corrupt or truncated object
-never reaches training.
+A shard is downloaded to a temporary name (hashed as its bytes arrive, never read
+back), its size and sha256 compared with the manifest, and renamed into place only
+when both match; a mismatch is downloaded once more, then the read fails naming the
+object: a corrupt or truncated object never reaches training.
 
 Several processes on one host share the folder. Each shard's lock file is held
 exclusively while it is downloaded (others wait, then find it present: one
@@ -165,9 +165,9 @@ class ShardCache:
         for attempt in (1, 2):
             partial = self.folder / f"{DOWNLOAD_PREFIX}{os.getpid()}-{shard.file}"
             try:
-                self._transfer(url, partial)
+                size, digest = self._transfer(url, partial)
                 self.downloads += 1
-                problem = _mismatch(partial, shard)
+                problem = _mismatch(size, digest, shard)
                 if problem is None:
                     os.replace(partial, path)
                     log.debug("downloaded %s", storage.display(url))
@@ -181,11 +181,11 @@ class ShardCache:
             "Run `tfshards verify` on the dataset, or convert it again"
         )
 
-    def _transfer(self, url: str, partial: Path) -> None:
+    def _transfer(self, url: str, partial: Path) -> tuple[int, str]:
+        """Copy ``url`` into ``partial``; its (size, sha256) as the bytes arrived."""
         if storage.is_url(url):
-            self._transfers.get(url, partial, self.storage_options)
-        else:
-            storage.get(url, partial, self.storage_options)
+            return self._transfers.get(url, partial, self.storage_options)
+        return storage.download_hashed(url, partial, self.storage_options)
 
     def _make_room(self, incoming: int) -> None:
         """Evict least recently used shards not in use until ``incoming`` more bytes fit."""
@@ -242,11 +242,10 @@ def _complete(path: Path, shard: ShardInfo) -> bool:
         return False
 
 
-def _mismatch(path: Path, shard: ShardInfo) -> str | None:
-    size = path.stat().st_size
+def _mismatch(size: int, digest: str, shard: ShardInfo) -> str | None:
+    """What differs between a download (its size and sha256) and the manifest's shard."""
     if size != shard.bytes:
         return f"downloaded {size} bytes but the manifest says {shard.bytes}"
-    digest = storage.sha256_file(path)
     if digest != shard.sha256:
         return f"sha256 {digest[:16]}... of the download differs from the manifest's"
     return None
