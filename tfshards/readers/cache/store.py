@@ -76,7 +76,7 @@ class PairStore:
                 self._start()
             target_images, target_masks = self._arrays
             target_images[indices] = images
-            target_masks[indices] = masks.reshape(target_masks[indices].shape)
+            target_masks[indices] = masks.reshape(len(indices), *target_masks.shape[1:])
             self._written[indices] = True
             if self._written.all():
                 self._finish()
