@@ -52,6 +52,7 @@ class PairStore:
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self._written: np.ndarray | None = None
         self._folder: Path | None = None
+        self._files: list[int] | None = None  # the building files' descriptors (disk)
         self.ready = False
         if cache is not None and flat_ready(cache.ready, records, shape):
             self._arrays = self._mapped(cache.ready, "r")
@@ -69,14 +70,20 @@ class PairStore:
 
     def write(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
         """Keep decoded pairs; publish (disk) or mark ready (RAM) once all are kept."""
+        masks = masks.reshape(len(indices), *self.shape[:2], 1)
         with self._lock:
             if self.ready:
                 return
             if self._written is None:
                 self._start()
-            target_images, target_masks = self._arrays
-            target_images[indices] = images
-            target_masks[indices] = masks.reshape(len(indices), *target_masks.shape[1:])
+            if self._files is None:
+                self._arrays[0][indices] = images
+                self._arrays[1][indices] = masks
+            else:  # pwrite: no page faults on a fresh mapping (measured 0.4 ms per pair)
+                for fd, pixels in zip(self._files, (images, masks), strict=True):
+                    size = pixels[0].nbytes if len(pixels) else 0
+                    for index, one in zip(indices, pixels, strict=True):
+                        os.pwrite(fd, one.data, int(index) * size)
             self._written[indices] = True
             if self._written.all():
                 self._finish()
@@ -91,7 +98,12 @@ class PairStore:
             return
         self._folder = self.cache.new_building_folder()
         self._folder.mkdir(parents=True)
-        self._arrays = self._mapped(self._folder, "w+")
+        sizes = flat_sizes(self.records, self.shape)
+        self._files = []
+        for name, size in zip(FLAT_FILES, sizes, strict=True):
+            fd = os.open(self._folder / name, os.O_RDWR | os.O_CREAT, 0o644)
+            os.ftruncate(fd, size)
+            self._files.append(fd)
 
     def _finish(self) -> None:
         if self.cache is None:
@@ -99,11 +111,10 @@ class PairStore:
             return
         if self.unchanged is not None:
             self.unchanged()  # raises: the build never publishes a mix of two datasets
-        for array in self._arrays:
-            array.flush()
-        for name in FLAT_FILES:
-            with open(self._folder / name, "rb+") as handle:
-                os.fsync(handle.fileno())
+        for fd in self._files:
+            os.fsync(fd)
+            os.close(fd)
+        self._files = None
         self._publish()
 
     def _publish(self) -> None:
@@ -128,6 +139,9 @@ class PairStore:
 
     def abandon(self) -> None:
         with self._lock:
+            for fd in self._files or ():
+                os.close(fd)
+            self._files = None
             if self._folder is not None:
                 self._arrays = None
                 shutil.rmtree(self._folder, ignore_errors=True)
