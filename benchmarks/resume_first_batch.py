@@ -3,6 +3,12 @@ fresh read (start at 0) against ``start=(0, b)`` at 1%, 50% and 99% of the epoch
 batches and ``start=(1, 0)``, each in a fresh process, and whether that first batch is
 bit for bit the uninterrupted run's batch at the same position.
 
+Compares: read(start=...) at 1%, 50%, 99% and epoch 1 against a fresh read, local, from
+the loopback S3 server (cold and warm shard cache) and gzip shards (cold and warm
+inflated copies).
+Takes: about 20 minutes at the defaults on 2 busy cores (conversions first, about a
+minute each at --count 20000 --size 64).
+
     python benchmarks/resume_first_batch.py --count 20000 --size 64 --repeats 3
 
 Data: ``tfshards synth`` pairs (RGB images, 3-class masks), converted twice: the
