@@ -25,9 +25,9 @@ path at 2000 pairs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -97,8 +97,15 @@ def parts_of_a_batch(reader) -> None:
         print(f"  {label}: {1000 * (time.thread_time() - started) / pairs:.3f} ms/pair")
 
 
+PATHS = ("raw_stream_uint8", "deflate_stream_uint8", "cached_uint8", "cached_float32")
+
+
 def main() -> None:
-    folder, path = Path(sys.argv[1]), sys.argv[2]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a read_throughput.py --reuse folder")
+    parser.add_argument("path", choices=PATHS, help="the read path to time")
+    args = parser.parse_args()
+    folder, path = args.folder, args.path
     instrument()
     import tfshards
 
