@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
 
 PAIRS = 23  # a prime: every batch size below leaves a partial batch
@@ -229,7 +228,6 @@ def run_epochs(dataset: Path, combination: Combination, cache_root: Path) -> dic
 
 
 def test_read_invariants_over_a_sample_of_its_options(tmp_path):
-    pytest.importorskip("tensorflow")
     combinations = sampled_combinations()
     datasets = make_datasets(tmp_path, {c.dataset for c in combinations})
     results, failures = {}, []
@@ -255,7 +253,6 @@ def test_read_invariants_over_a_sample_of_its_options(tmp_path):
 
 
 def test_a_ready_disk_cache_serves_the_epochs_its_builder_served(tmp_path):
-    pytest.importorskip("tensorflow")
     combination = Combination("deflate", "none", "disk", "uint8", True, 7, "fixed", False, 5)
     datasets = make_datasets(tmp_path, {combination.dataset})
     built = run_epochs(datasets[combination.dataset], combination, tmp_path / "caches" / "0")
