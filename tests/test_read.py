@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -535,3 +536,17 @@ def test_a_process_started_while_the_cache_is_half_built(many_records, tmp_path)
     assert late.stdout.strip() == expected and stdout.strip() == expected
     assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
     assert _run_python(_reader_script(dataset, cache)).stdout.strip() == expected
+
+
+def test_a_cropped_read_of_fixed_size_records_reuses_its_disk_cache(dataset, tmp_path, caplog):
+    """The per-pair pipeline's cache (parts) and the ordered reader's (flat files) are
+    entries of their own: a cropped read found its entry never ready and rebuilt it."""
+    cache = tmp_path / "cache"
+    options = dict(batch_size=4, image_dtype="uint8", seed=0, crop_size=(8, 8), cache=cache)
+    digests(tfshards.read(dataset, **options))
+    with caplog.at_level(logging.INFO, logger="tfshards"):
+        digests(tfshards.read(dataset, **options))
+    assert "reading the disk cache" in caplog.text and "building" not in caplog.text
+    digests(tfshards.read(dataset, batch_size=4, image_dtype="uint8", seed=0, cache=cache))
+    states = sorted((e.info.files, e.state) for e in tfshards.list_caches(cache))
+    assert states == [("flat", "ready"), ("parts", "ready")]

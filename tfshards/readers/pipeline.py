@@ -133,7 +133,7 @@ def pair_store(plan) -> PairStore | None:
     if plan.cache.kind != "disk":
         return None
     root = plan.cache.root or default_cache_root(shards.root)
-    cache = DiskCache.for_split(root, shards, shape, (0, 1))
+    cache = DiskCache.for_split(root, shards, shape, (0, 1), files="flat")
     cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
     return PairStore(shards.records, shape, cache, unchanged=unchanged_check(plan))
 

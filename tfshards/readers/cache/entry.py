@@ -77,6 +77,7 @@ class CacheInfo:
     pipeline: tuple[int, int]
     records: int
     cache_format: int = CACHE_FORMAT
+    files: str = "parts"  # "flat": two flat files read by index (store.py); "parts": layouts.py
 
     @classmethod
     def load(cls, entry: Path) -> CacheInfo | None:
@@ -90,6 +91,7 @@ class CacheInfo:
                 pipeline=tuple(body["pipeline"]),
                 records=int(body["records"]),
                 cache_format=int(body.get("cache_format", CACHE_FORMAT)),
+                files=str(body.get("files", "parts")),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -107,12 +109,24 @@ class DiskCache:
 
     @classmethod
     def for_split(
-        cls, root: Path, shards: SplitShards, shape: Shape, pipeline: tuple[int, int]
+        cls,
+        root: Path,
+        shards: SplitShards,
+        shape: Shape,
+        pipeline: tuple[int, int],
+        files: str = "parts",
     ) -> DiskCache:
+        """The entry of a split; ``files`` is "flat" for the ordered reader's store, else
+        "parts" (the per-pair pipeline's layouts); the two never share an entry."""
         info = CacheInfo(
-            str(shards.root), shards.split, tuple(shape), tuple(pipeline), shards.records
+            str(shards.root),
+            shards.split,
+            tuple(shape),
+            tuple(pipeline),
+            shards.records,
+            files=files,
         )
-        return cls(root / _fingerprint(shards, shape, pipeline), info)
+        return cls(root / _fingerprint(shards, shape, pipeline, files), info)
 
     @classmethod
     def at(cls, folder: Path) -> DiskCache:
@@ -140,7 +154,7 @@ class DiskCache:
     def is_ready(self) -> bool:
         """True when the ready folder holds every file at its full size."""
         layout = self.layout
-        if self.info.shape[0] is not None:
+        if self.info.files == "flat":
             from tfshards.readers.cache.store import flat_ready
 
             return flat_ready(self.ready, self.info.records, self.info.shape)
@@ -210,9 +224,10 @@ class DiskCache:
         log.info("building the disk cache in %s while the first epoch streams", self.folder)
 
 
-def _fingerprint(shards: SplitShards, shape: Shape, pipeline: tuple[int, int]) -> str:
+def _fingerprint(shards: SplitShards, shape: Shape, pipeline: tuple[int, int], files: str) -> str:
     body = {
         "cache_format": CACHE_FORMAT,
+        "files": files,
         "schema_version": shards.manifest.schema_version,
         "split": shards.split,
         "pipeline": list(pipeline),
