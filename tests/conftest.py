@@ -103,3 +103,23 @@ def shard_bytes(out: Path) -> dict[str, bytes]:
 def convert_args(images: Path, masks: Path, out: Path) -> list[str]:
     """The start of a quiet `tfshards convert` command line, for CLI tests."""
     return ["-q", "convert", "--images", str(images), "--masks", str(masks), "--out", str(out)]
+
+
+def run_json_script(code: str, *args: object, timeout: int = 240):
+    """Run ``code`` in a fresh Python with this checkout first on the path; the JSON its
+    last line of output holds (tests that resume an iterator in a new process)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -6,21 +6,16 @@ never skipped."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import grain
 import numpy as np
 import pytest
-from conftest import write_pairs
+from conftest import run_json_script, write_pairs
 
 import tfshards
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
 # Grain 0.2.18 reads an Abseil flag in its worker processes before any flags are parsed
 # when JAX is installed (google/grain#1355, fixed after that release): scripts that do not
@@ -85,16 +80,7 @@ _RUN = textwrap.dedent(
 
 
 def _run(dataset: Path, state: Path, mode: str) -> list:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", _RUN, str(dataset), str(state), mode],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_script(_RUN, dataset, state, mode)
 
 
 def test_checkpointed_iterator_resumes_exactly_in_a_new_process(

@@ -6,22 +6,17 @@ torch and torchdata come with the test extra: without them this module fails to 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import write_pairs
+from conftest import run_json_script, write_pairs
 from torch.utils.data import DataLoader
 
 import tfshards
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -105,16 +100,7 @@ _RUN = textwrap.dedent(
 
 
 def _run(dataset: Path, state: Path, mode: str) -> list:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", _RUN, str(dataset), str(state), mode],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_script(_RUN, dataset, state, mode)
 
 
 def test_stateful_dataloader_resumes_exactly_in_a_new_process(

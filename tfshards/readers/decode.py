@@ -206,16 +206,16 @@ def decoded_batches(
     *,
     batch_size: int,
     drop_remainder: bool,
-    deterministic: bool,
 ) -> tf.data.Dataset:
-    """Serialized records (whole_batches only) -> uint8 batches, one decode op per batch."""
+    """Serialized records (whole_batches only) -> uint8 batches, one decode op per batch,
+    in order (the short batch last, whatever the thread timing)."""
     # A parallel batch: gathering 32 records of ~200 KB out of the shuffle buffer is a
     # copy from memory far larger than the CPU caches, the single-threaded stage otherwise.
     batches = records.batch(
         batch_size,
         drop_remainder=drop_remainder,
         num_parallel_calls=AUTOTUNE,
-        deterministic=True,  # the short batch last, whatever the thread timing
+        deterministic=True,
     )
     batches = counted_batches(
         batches, decoder, batch_size=batch_size, drop_remainder=drop_remainder
@@ -237,7 +237,6 @@ def decoded_pairs(
             decoder,
             batch_size=parse_batch_size,
             drop_remainder=False,
-            deterministic=deterministic,
         ).unbatch()
 
     def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:

@@ -87,14 +87,9 @@ class Downloads:
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """One read() call's decisions. ``batches_at`` says where pairs become batches:
-
-    "decode": streamed raw/deflate records of one size are batched as serialized
-        records and decoded a batch at a time;
-    "cache": the fixed-size disk cache batches (its cached passes decode whole batches
-        of byte records);
-    "pairs": decoded pairs are shuffled, sized and batched (per-pair augment, sizing,
-        PNG/JPEG streams, the memory cache, the tf.data service).
+    """One read() call's decisions. ``ordered`` reads are batched by the ordered reader
+    (ordered.py); the others (crops and pads of pairs, the tf.data service) go through
+    the per-pair stages (stages.py), where decoded pairs are shuffled, sized and batched.
     """
 
     shards: SplitShards
@@ -129,16 +124,6 @@ class ReadPlan:
     def streaming(self) -> bool:
         """Records go from the shards to the batches with nothing kept between epochs."""
         return self.cache.kind == "none" and self.service is None
-
-    @property
-    def batches_at(self) -> str:
-        if self.finishing.per_pair_augment or self.sizing.active:
-            return "pairs"
-        if self.streaming:
-            return "decode" if self.decoder.whole_batches else "pairs"
-        if self.cache.kind == "disk" and self.service is None and self.shape[0] is not None:
-            return "cache"
-        return "pairs"
 
     def shuffle_buffer(self, *, serialized: bool) -> int:
         """Records that fit in SHUFFLE_BUFFER_BYTES: decoded pixels, or serialized records."""

@@ -56,13 +56,7 @@ class ReadState:
         return state
 
     def save(self, path: Path) -> None:
-        """Atomically: a crash leaves the previous state or this one, never a mix."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w") as out:
-            out.write(self.to_json())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        save_durably(path, self.to_json())
 
     @classmethod
     def load(cls, path: Path) -> ReadState:
@@ -71,6 +65,17 @@ class ReadState:
         except OSError as exc:
             raise ResumeError(f"{path}: cannot read the saved state ({exc})") from exc
         return cls.from_json(text, str(path))
+
+
+def save_durably(path: Path, text: str) -> None:
+    """Write, fsync, then rename over ``path``: a crash, even of the machine, leaves the
+    previous file or this one, never a mix (a preempted VM loses its page cache)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
 
 
 def read_identity(plan, schedule: BatchSchedule) -> dict:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import keras
 
-from tfshards.readers.resume import ReadState, ResumeError, state_at, step_of
+from tfshards.readers.resume import ReadState, ResumeError, save_durably, state_at, step_of
 
 STATE_FILE = "tfshards_state.json"
 log = logging.getLogger("tfshards")
@@ -122,13 +123,8 @@ class ResumeCallback(keras.callbacks.BackupAndRestore):
         position = self._epoch_start + self._steps
         state = state_at(reader.identity, reader.schedule, position)
         body = {
-            "read": json.loads(state.to_json()),
+            "read": asdict(state),
             "keras_epoch": self._current_epoch,
             "keras_steps": self._done_before + self._steps,
         }
-        tmp = self.state_path.with_name(f".{STATE_FILE}.tmp")
-        with open(tmp, "w") as out:
-            out.write(json.dumps(body, sort_keys=True))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.state_path)
+        save_durably(self.state_path, json.dumps(body, sort_keys=True))

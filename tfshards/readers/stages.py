@@ -3,9 +3,9 @@
     shard records (source.py) -> shuffled records -> decoded -> served -> cached
       -> shuffled pairs -> sized -> batched -> finished -> counted -> budgeted
 
-A stage that does not apply to a plan returns its input. Where pairs become
-batches is the plan's ``batches_at``: at the decode (streamed raw/deflate), at the
-disk cache (fixed-size entries), or after the pairs stages.
+These stages serve the reads the ordered reader (ordered.py) does not: crops and pads
+of pairs, and the tf.data service. A stage that does not apply to a plan returns its
+input; pairs become batches after the pairs stages.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfshards.readers.cache import DiskCache, default_cache_root, disk_cached
-from tfshards.readers.decode import decoded_batches, decoded_pairs
+from tfshards.readers.decode import decoded_pairs
 from tfshards.readers.plan import ReadPlan
 from tfshards.readers.sizing import DEFAULT_PAD_LABEL, sized_pairs
 
@@ -29,18 +29,12 @@ def shuffled_records(records: tf.data.Dataset, plan: ReadPlan) -> tf.data.Datase
 
 
 def decoded(records: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
-    """Serialized records -> uint8 pairs, or uint8 batches when batches form here."""
-    deterministic = plan.order.deterministic
-    if plan.batches_at == "decode":
-        return decoded_batches(
-            records,
-            plan.decoder,
-            batch_size=plan.batching.size,
-            drop_remainder=plan.batching.drop_remainder,
-            deterministic=deterministic,
-        )
+    """Serialized records -> uint8 pairs."""
     return decoded_pairs(
-        records, plan.decoder, plan.options.parse_batch_size, deterministic=deterministic
+        records,
+        plan.decoder,
+        plan.options.parse_batch_size,
+        deterministic=plan.order.deterministic,
     )
 
 
@@ -63,22 +57,19 @@ def cached(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     root = plan.cache.root or default_cache_root(shards.root)
     cache = DiskCache.for_split(root, shards, plan.shape, plan.pipeline)
     cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
-    at_cache = plan.batches_at == "cache"
     return disk_cached(
         pairs,
         cache,
         shuffle=plan.order.shuffle,
         seed=plan.seed,
         deterministic=plan.order.deterministic,
-        after=(lambda ds: _batch(ds, plan)) if at_cache else None,
-        shuffle_buffer=plan.shuffle_buffer(serialized=False),
         unchanged=unchanged_check(plan),
     )
 
 
 def shuffled_pairs(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     """Decoded pairs mixed by the shuffle buffer, anew every epoch (cache or service)."""
-    if plan.streaming or plan.batches_at != "pairs" or not plan.order.shuffle:
+    if plan.streaming or not plan.order.shuffle:
         return pairs
     buffer = plan.shuffle_buffer(serialized=False)
     return pairs.shuffle(buffer, seed=plan.seed, reshuffle_each_iteration=True)
@@ -96,8 +87,6 @@ def sized(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
 def batched(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     """Pairs -> batches; with a per-pair augment each pair is finished first, so random
     transforms differ within a batch."""
-    if plan.batches_at != "pairs":
-        return pairs
     if plan.finishing.per_pair_augment:
         pairs = pairs.map(
             plan.finishing.finish,

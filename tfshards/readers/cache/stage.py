@@ -18,12 +18,11 @@ from pathlib import Path
 import tensorflow as tf
 
 from tfshards.readers.cache.entry import DiskCache
-from tfshards.readers.cache.layouts import CACHE_PARTS, FixedLayout
+from tfshards.readers.cache.layouts import CACHE_PARTS
 from tfshards.readers.cache.memory import parts_at_once
 
 _FILE_BUFFER = 2**20
 log = logging.getLogger("tfshards")
-Batcher = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 
 class CacheBuilder:
@@ -108,16 +107,12 @@ def disk_cached(
     shuffle: bool,
     seed: int | None,
     deterministic: bool,
-    after: Batcher | None = None,
-    shuffle_buffer: int = 1,
     unchanged: Callable[[], None] | None = None,
 ) -> tf.data.Dataset:
     """uint8 pairs in record order -> the same pairs, from the cache once it is built.
 
     Shuffled, a cached pass reads the parts in a new order, each from a new random
-    record. ``after`` (fixed layout only) turns the pass into batches: the first pass
-    shuffles decoded pairs and batches them; a cached pass shuffles the byte records,
-    batches them and decodes each batch with one op per field.
+    record (the shuffle buffer after this stage mixes them further).
     """
     builder = CacheBuilder(cache, unchanged)
 
@@ -128,43 +123,22 @@ def disk_cached(
             with tf.control_dependencies([written]):
                 return tf.identity(image), tf.identity(mask)
 
-        built = pairs.enumerate().map(write)  # sequential: records reach the writer in order
-        return built if after is None else after(_shuffled(built, shuffle, shuffle_buffer, seed))
+        return pairs.enumerate().map(write)  # sequential: records reach the writer in order
 
     def cached_pass(epoch_key: tf.Tensor) -> tf.data.Dataset:
         size, layout = cache.entry_bytes(), cache.layout
         at_once = CACHE_PARTS if size is None else parts_at_once(size)
-        rotate = at_once == CACHE_PARTS
-        parts = cache.parts(shuffle=shuffle, epoch_key=epoch_key, rotate=rotate)
-        if after is None:
-            return layout.pairs(parts, deterministic=deterministic, at_once=at_once)
-        assert isinstance(layout, FixedLayout)  # the plan batches at the cache only then
-        records = _shuffled(
-            layout.byte_records(parts, deterministic=deterministic, at_once=at_once),
-            shuffle,
-            shuffle_buffer,
-            epoch_key,  # a fixed seed here would repeat the buffer's draws each epoch
-        )
-        return after(records).map(
-            layout.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
-        )
+        parts = cache.parts(shuffle=shuffle, epoch_key=epoch_key, rotate=at_once == CACHE_PARTS)
+        return layout.pairs(parts, deterministic=deterministic, at_once=at_once)
 
     def one_pass(epoch_key: tf.Tensor) -> tf.data.Dataset:
         ready = tf.py_function(cache.is_ready, [], Tout=tf.bool)
         return tf.cond(ready, lambda: cached_pass(epoch_key), build_pass)
 
-    # The pass is built anew each epoch inside flat_map, where a seeded shuffle would
-    # repeat its first order; the epoch's key is drawn out here, anew each epoch.
+    # The pass is built anew each epoch inside flat_map; the epoch's key (the parts'
+    # order and starting records) is drawn out here, anew each epoch.
     return _epoch_keys(seed).take(1).flat_map(one_pass)
 
 
 def _epoch_keys(seed: int | None) -> tf.data.Dataset:
     return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-
-
-def _shuffled(
-    dataset: tf.data.Dataset, shuffle: bool, buffer: int, seed: int | tf.Tensor | None
-) -> tf.data.Dataset:
-    if not shuffle:
-        return dataset
-    return dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
