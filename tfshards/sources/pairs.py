@@ -20,19 +20,15 @@ from typing import Any
 import numpy as np
 
 from tfshards import storage
-from tfshards.errors import TfshardsError
 from tfshards.readers.options import ReadOptions
 from tfshards.readers.shards import split_shards
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.tfrecord import parse_example
+from tfshards.sources.pixel_batches import PairDecodeError, batches_of
 from tfshards.sources.records import SplitRecords
 
 Pair = tuple[np.ndarray, np.ndarray]
 Transform = Callable[[np.ndarray, np.ndarray], tuple[Any, Any]]
-
-
-class PairDecodeError(TfshardsError, ValueError):
-    """A record's bytes are intact (CRCs match) but its pair does not decode."""
 
 
 class Pairs:
@@ -75,6 +71,9 @@ class Pairs:
         self.with_keys = with_keys
         self.manifest = shards.manifest
         self.split = split
+        # Raw or deflate records of one size: a batch decoded into one array (fewer copies).
+        where = f"{storage.display(shards.root)} (split {split})"
+        self.batches = batches_of(shards.manifest, where)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -84,15 +83,21 @@ class Pairs:
         return f"Pairs({root!r}, split={self.split!r}): {len(self)} pairs"
 
     def __getitem__(self, index: int) -> Any:
-        index = _index(index, len(self))
-        return self._finish(self._decoded(index, self.records.read([index])[0]))
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Many pairs at once, read shard by shard in offset order (PyTorch's batched
         fetch: a ``DataLoader`` with a batch sampler calls it once per batch)."""
         indices = [_index(i, len(self)) for i in indices]
         data = self.records.read(indices)
-        return [self._finish(self._decoded(i, d)) for i, d in zip(indices, data, strict=True)]
+        if self.batches is None:
+            decoded = [self._decoded(i, d) for i, d in zip(indices, data, strict=True)]
+        else:
+            images, masks, keys = self.batches.decode(
+                data, lambda k: f"{self.records.located(indices[k])} (pair {indices[k]})"
+            )
+            decoded = zip(images, masks, keys, strict=True)
+        return [self._finish(pair) for pair in decoded]
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """Grain's name for a batched read."""
@@ -115,9 +120,8 @@ class Pairs:
         try:
             record = decode_record(_parsed(data))
         except ValueError as exc:  # RecordError too
-            shard, local = (int(n[0]) for n in self.records.locate(np.array([index])))
-            where = storage.display(self.records.shards.paths[shard])
-            raise PairDecodeError(f"{where}: record {local} (pair {index}): {exc}") from exc
+            where = self.records.located(index)
+            raise PairDecodeError(f"{where} (pair {index}): {exc}") from exc
         # Raw and deflate pixels are views of read-only bytes: copied, as a DataLoader
         # user may augment in place (and torch warns about read-only arrays).
         image = record.image if record.image.flags.writeable else record.image.copy()

@@ -142,6 +142,11 @@ class SplitRecords:
         shard = np.searchsorted(self.first, indices, side="right") - 1
         return shard, indices - self.first[shard]
 
+    def located(self, index: int) -> str:
+        """Record ``index`` named for messages: its shard file and number in the shard."""
+        shard, local = (int(n[0]) for n in self.locate(np.array([index])))
+        return f"{storage.display(self.shards.paths[shard])}: record {local}"
+
     def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The data of the records at ``indices``, in that order, CRCs checked."""
         shard_numbers, locals_ = self.locate(np.asarray(indices, np.int64))

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tfshards.readers.cache.entry import DiskCache
+from tfshards.sources.pixel_batches import aligned_empty
 
 log = logging.getLogger("tfshards")
 FLAT_FILES = ("pairs.image", "pairs.mask")
@@ -62,10 +63,11 @@ class PairStore:
         """The pairs at ``indices`` (the store must be ready)."""
         images, masks = self._arrays
         order = np.argsort(indices, kind="stable")  # ascending offsets: sequential reads
-        out_images = np.empty((len(indices), *images.shape[1:]), np.uint8)
-        out_masks = np.empty((len(indices), *masks.shape[1:]), np.uint8)
-        out_images[order] = images[indices[order]]
-        out_masks[order] = masks[indices[order]]
+        out_images = aligned_empty((len(indices), *images.shape[1:]))
+        out_masks = aligned_empty((len(indices), *masks.shape[1:]))
+        for position in order:  # one copy per row (fancy indexing copies twice)
+            out_images[position] = images[indices[position]]
+            out_masks[position] = masks[indices[position]]
         return out_images, out_masks
 
     def write(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
