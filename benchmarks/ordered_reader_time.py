@@ -12,15 +12,15 @@ Paths: raw_stream_uint8, deflate_stream_uint8 (streams of the raw and deflate
 conversions that read_throughput.py --reuse leaves in the folder), cached_uint8 and
 cached_float32 (a disk cache of the deflate conversion in FOLDER/profile-cache: built by
 the first cached run, whose building epoch is printed too). Each: one warm-up epoch,
-then 3 timed epochs. The pieces are wrapped with time.thread_time (the CPU of the
-thread that runs them, i.e. the py_function bodies): Cursor.step, OrderedReader.fetch
-(the per-batch read), SplitRecords.read and read_record (pread + CRC checks), PairStore
-.read (the cache gather) and OrderedReader.keep (the cache write). What is not in them
-is TensorFlow's: turning the returned bytes / arrays into tensors, parsing, decoding,
-casting. raw_stream_uint8 also times, in this thread over 60 batches, the parts of a
-batch read: records.read, os.pread alone, CRC32C of the data alone, and tf.constant of
-the 32 returned bytes objects (what py_function does with them). About a minute per
-path at 2000 pairs.
+then 3 timed epochs. The pieces are wrapped with time.thread_time (the CPU of the thread
+that runs them, i.e. the py_function bodies): Cursor.step, OrderedReader.fetch (the per-
+batch read and decode), SplitRecords.read and read_record (pread + CRC checks),
+PairStore .read (the cache gather) and PairStore.write (the cache write). Records of the
+size read are decoded inside fetch (sources/pixel_batches.py); what is not in the pieces
+is TensorFlow's: the pipeline's own steps, casting and finishing. raw_stream_uint8 also
+times, in this thread over 60 batches, the parts of a batch read: records.read, os.pread
+alone, CRC32C of the data alone, and tf.constant of the 32 returned bytes objects (what
+py_function does with them). About a minute per path at 2000 pairs.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def instrument() -> None:
 
     ordered.Cursor.step = timed("cursor.step", ordered.Cursor.step)
     ordered.OrderedReader.fetch = timed("fetch", ordered.OrderedReader.fetch)
-    ordered.OrderedReader.keep = timed("keep (cache write)", ordered.OrderedReader.keep)
+    store.PairStore.write = timed("store.write (cache write)", store.PairStore.write)
     records.SplitRecords.read = timed("records.read", records.SplitRecords.read)
     records.read_record = timed("read_record (pread + CRC)", records.read_record)
     store.PairStore.read = timed("store.read (cache gather)", store.PairStore.read)

@@ -83,3 +83,53 @@ def test_the_user_choice_is_read_from_either_variable():
     assert malloc_arenas.user_chose_arenas({"MALLOC_ARENA_MAX": "8"})
     assert malloc_arenas.user_chose_arenas({"GLIBC_TUNABLES": "glibc.malloc.arena_max=8"})
     assert not malloc_arenas.user_chose_arenas({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"})
+
+
+# A block the size of a decoded batch, allocated by the main thread: glibc maps it on its
+# own when it is over the mmap threshold, and takes it from the main heap ("[heap]" in
+# /proc/self/maps) when not.
+OWN_MAPPING = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import tfshards
+    if sys.argv[1] == "read":
+        from tfshards.malloc_arenas import keep_freed_batches
+        keep_freed_batches()  # what tfshards.read and tfshards.Pairs call
+    size = 20 * 2**20
+    block = np.empty(size, np.uint8)
+    start = block.ctypes.data
+    for line in open("/proc/self/maps"):
+        low, high = (int(x, 16) for x in line.split()[0].split("-"))
+        if low <= start < high:
+            print("[heap]" not in line)
+    """
+)
+
+
+def own_mapping(mode: str, **environ: str) -> bool:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    done = subprocess.run(
+        [sys.executable, "-c", OWN_MAPPING, mode],
+        env={**env, **environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.split()[-1] == "True"
+
+
+@needs_glibc
+def test_reading_keeps_freed_batch_buffers_in_the_heap():
+    assert own_mapping("import"), "importing alone leaves glibc's threshold (128 KiB)"
+    assert not own_mapping("read")
+    assert own_mapping("read", MALLOC_MMAP_THRESHOLD_="131072"), "the user's choice stands"
+
+
+def test_a_threshold_choice_is_read_from_either_variable():
+    assert not malloc_arenas.user_chose_thresholds({})
+    assert malloc_arenas.user_chose_thresholds({"MALLOC_TRIM_THRESHOLD_": "0"})
+    tunables = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}
+    assert malloc_arenas.user_chose_thresholds(tunables)
+    assert not malloc_arenas.user_chose_thresholds({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})

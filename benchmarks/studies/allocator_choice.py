@@ -1,12 +1,16 @@
 """An allocator setting, A vs B, on every tfshards path of read_throughput.py and in a
 
 A one-off study, kept for the decision it backs (not a benchmark to rerun):
-Decision: tfshards caps glibc's malloc arenas at two, and leaves TensorFlow's BFC CPU
-allocator (``TF_CPU_ALLOCATOR_USE_BFC``) off.
-Run: 2026-12-03 (BFC) and 2026-12-04 (arenas). Recorded result: with the arena cap the
-read paths ran 1.03-1.64x as fast with a third to a half of the system time and equal or
-lower peak RSS, Keras fits within their spread (0.50-1.21x); BFC took 0.92-1.06x the
-default's CPU per pair and was killed under a memory limit where the default finished.
+Decision: tfshards caps glibc's malloc arenas at two, raises glibc's mmap and trim
+thresholds (32 and 128 MiB) when reading, and leaves TensorFlow's BFC CPU allocator
+(``TF_CPU_ALLOCATOR_USE_BFC``) off.
+Run: 2026-12-03 (BFC) and 2026-12-04 (arenas; thresholds). Recorded result: with the arena
+cap the read paths ran 1.03-1.64x as fast with a third to a half of the system time and
+equal or lower peak RSS, Keras fits within their spread (0.50-1.21x); BFC took 0.92-1.06x
+the default's CPU per pair and was killed under a memory limit where the default
+finished; the thresholds gave 0.99-1.19x the pairs/s, about half the system time on the
+raw paths (0.16-0.17 to 0.08-0.09 ms per pair), 0.98-1.23x less CPU, peak RSS -4% to +2%,
+Keras fits 0.81-1.34x at equal CPU (their spread).
 Raw output: results/allocator_choice.md.
 Keras fit, side by side on the same data. By default TensorFlow's CPU allocator, default
 vs BFC (TF_CPU_ALLOCATOR_USE_BFC); any environment variable with --variable/--values:

@@ -86,6 +86,8 @@ class OrderedReader:
         if self.pixels is not None:
             located = self.records.located
             images, masks, _ = self.pixels.decode(records, lambda k: located(indices[k]))
+            if store is not None:  # being built: kept before the batch is delivered
+                store.write(indices, images, masks)
             return indices, NO_RECORDS, True, _shared(images), _shared(masks)
         height, width, channels = self.shape
         empty = np.zeros((0, height, width, channels), np.uint8)
@@ -97,7 +99,7 @@ class OrderedReader:
         return int(step)
 
     def keep(self, indices, images, masks) -> bool:
-        """py_function body: decoded pairs into the store while it is being built."""
+        """py_function body: pairs TensorFlow decoded into the store while it is built."""
         if self.store is not None and not self.store.ready:
             self.store.write(indices.numpy(), images.numpy(), masks.numpy())
         return True
@@ -137,7 +139,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
                 lambda: (image, mask),
                 lambda: decode(tf.ensure_shape(records, [None])),
             )
-        if reader.store is not None:
+        if reader.store is not None and reader.pixels is None:  # else kept by fetch
             kept = tf.py_function(guarded(reader.keep), [indices, image, mask], tf.bool)
             with tf.control_dependencies([kept]):
                 image, mask = tf.identity(image), tf.identity(mask)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import keras
 
 from tfshards.errors import OptionsError, TfshardsError
+from tfshards.malloc_arenas import keep_freed_batches
 from tfshards.readers import stages
 from tfshards.readers.cache import DiskCache, default_cache_root
 from tfshards.readers.cache.store import PairStore
@@ -94,6 +95,7 @@ def read(
     ...                       cache=True, seed=0)  # doctest: +SKIP
     >>> model.fit(train, validation_data=tfshards.read("shards/", split="val"))  # doctest: +SKIP
     """
+    keep_freed_batches()  # see malloc_arenas.py
     plan = plan_read(
         path,
         split=split,

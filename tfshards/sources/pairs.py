@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tfshards import storage
+from tfshards.malloc_arenas import keep_freed_batches
 from tfshards.readers.options import ReadOptions
 from tfshards.readers.shards import split_shards
 from tfshards.schemas.record import decode_record
@@ -59,6 +60,7 @@ class Pairs:
         with_keys: bool = False,
         options: ReadOptions | None = None,
     ) -> None:
+        keep_freed_batches()  # see malloc_arenas.py
         options = options or ReadOptions()
         shards = split_shards(path, split, storage_options=options.storage_options)
         self.records = SplitRecords(

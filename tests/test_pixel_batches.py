@@ -1,0 +1,117 @@
+"""Records of one size decoded a batch at a time in Python (sources/pixel_batches.py): the
+pixels of every format, and each way a record can disagree named with its place."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tfshards.schemas import deflate
+from tfshards.schemas.record import EncodedPair
+from tfshards.sources.pixel_batches import (
+    ALIGNMENT,
+    PairDecodeError,
+    PixelBatches,
+    aligned_empty,
+)
+
+SHAPE = (6, 5, 3)
+
+
+def _pixels(seed: int, channels: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (*SHAPE[:2], channels), dtype=np.uint8)
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+ENCODE = {
+    "raw": lambda p: p.tobytes(),
+    "deflate": lambda p: deflate.compress(p, 1),
+    "png": _png,
+}
+
+
+def _record(seed: int, fmt: str, **changes) -> bytes:
+    image, mask = _pixels(seed, 3), _pixels(seed + 100, 1) % 4
+    fields = dict(
+        key=f"pair{seed}",
+        image=ENCODE[fmt](image),
+        image_format=fmt,
+        height=SHAPE[0],
+        width=SHAPE[1],
+        channels=SHAPE[2],
+        mask=ENCODE[fmt](mask),
+        mask_format=fmt,
+    )
+    return EncodedPair(**{**fields, **changes}).to_example()
+
+
+def _located(k: int) -> str:
+    return f"shard-x.tfrecord: record {k}"
+
+
+@pytest.mark.parametrize("fmt", ["raw", "deflate", "png"])
+def test_a_batch_holds_each_records_pixels_and_key(fmt):
+    batches = PixelBatches(SHAPE, (fmt,), (fmt,), "data (split train)")
+    images, masks, keys = batches.decode([_record(s, fmt) for s in range(4)], _located)
+    assert images.shape == (4, *SHAPE) and masks.shape == (4, *SHAPE[:2], 1)
+    for k in range(4):
+        assert np.array_equal(images[k], _pixels(k, 3))
+        assert np.array_equal(masks[k], _pixels(k + 100, 1) % 4)
+    assert keys == ["pair0", "pair1", "pair2", "pair3"]
+    assert images.ctypes.data % ALIGNMENT == 0 and masks.ctypes.data % ALIGNMENT == 0
+    assert images.flags.writeable, "a DataLoader user may augment in place"
+
+
+def test_mixed_formats_are_decoded_by_each_records_own_format():
+    batches = PixelBatches(SHAPE, ("png", "jpeg"), ("png",), "data (split train)")
+    images, _, _ = batches.decode([_record(0, "png"), _record(1, "png")], _located)
+    assert np.array_equal(images[1], _pixels(1, 3))
+
+
+def test_a_record_of_another_size_is_named_with_its_key_and_place():
+    batches = PixelBatches(SHAPE, ("raw",), ("raw",), "data (split train)")
+    bad = _record(1, "raw", height=3, image=bytes(3 * 5 * 3), mask=bytes(3 * 5))
+    with pytest.raises(PairDecodeError) as caught:
+        batches.decode([_record(0, "raw"), bad], _located)
+    message = str(caught.value)
+    assert "data (split train): record pair1 disagrees with the manifest" in message
+    assert "it holds 3x5x3 (HxWxC) pixels, the manifest says 6x5 with 3 channels" in message
+    assert "shard-x.tfrecord: record 1" in message
+
+
+@pytest.mark.parametrize(
+    ("changes", "cause"),
+    [
+        ({"image": bytes(7)}, "its raw pixels are 7 bytes where its size, 6x5x3 (HxWxC), makes 90"),
+        ({"mask_format": "png"}, "its mask is stored as 'png', the manifest's encoding allows raw"),
+        ({"image_format": "deflate"}, "its image is stored as 'deflate'"),
+    ],
+)
+def test_pixels_that_do_not_decode_name_the_record_and_the_cause(changes, cause):
+    batches = PixelBatches(SHAPE, ("raw",), ("raw",), "data (split train)")
+    with pytest.raises(PairDecodeError) as caught:
+        batches.decode([_record(0, "raw"), _record(1, "raw", **changes)], _located)
+    assert str(caught.value).startswith("shard-x.tfrecord: record 1: ")
+    assert cause in str(caught.value)
+
+
+def test_a_corrupt_zlib_stream_is_named():
+    batches = PixelBatches(SHAPE, ("deflate",), ("deflate",), "data (split train)")
+    broken = _record(0, "deflate", image=b"x\x9c" + bytes(20))
+    with pytest.raises(PairDecodeError, match=r"record 0: deflate stream is corrupt"):
+        batches.decode([broken], _located)
+
+
+def test_aligned_empty_is_aligned_whatever_numpy_gives():
+    for size in (1, 63, 64, 1000, 6 * 2**20):
+        array = aligned_empty((size,))
+        assert array.shape == (size,) and array.ctypes.data % ALIGNMENT == 0
