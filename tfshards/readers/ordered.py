@@ -2,8 +2,9 @@
 
     steps (a cursor's start + 0, 1, 2...) -> (epoch, batch) -> record indices (order.py)
       -> one read per batch: decoded pairs from a ready cache, or records by offset
-      -> decoded into one array in the same call (sources/pixel_batches.py); records
-         to resize by TensorFlow, one at a time -> kept in the cache while it is built
+      -> raw/deflate decoded into one array in the same call (sources/pixel_batches.py);
+         PNG/JPEG (or records to resize) by TensorFlow, one record at a time
+      -> kept in the cache while it is being built
       -> finished (dtype, one-hot) -> a Keras layer seeded from (seed, epoch, batch)
 
 Each iteration of the dataset starts where its :class:`Cursor` says: the step after the
@@ -67,7 +68,7 @@ class OrderedReader:
     shape: tuple[int, int, int]
     identity: dict  # what a saved state must match (see resume.py)
     downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
-    pixels: PixelBatches | None = None  # records of the size read: decoded in fetch
+    pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -75,8 +76,8 @@ class OrderedReader:
 
     def fetch(self, step: tf.Tensor):
         """py_function body: (indices, records, decoded, images, masks) of one step: its
-        pairs decoded (from a ready store, or its records decoded here), else its records
-        for TensorFlow to decode and resize."""
+        pairs decoded (from a ready store, or raw/deflate records decoded here), else its
+        records for TensorFlow to decode (PNG/JPEG, or records to resize)."""
         indices = self.batch_indices(int(step))
         store = self.store
         if store is not None and store.ready:
@@ -133,7 +134,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
         )
         image = tf.ensure_shape(images, [None, *shape])
         mask = tf.ensure_shape(masks, [None, *shape[:2], 1])
-        if reader.pixels is None:  # records to resize: decoded by TensorFlow
+        if reader.pixels is None:  # PNG/JPEG or records to resize: TensorFlow decodes
             image, mask = tf.cond(
                 tf.ensure_shape(decoded, []),
                 lambda: (image, mask),
@@ -194,7 +195,7 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
     step = start_step(start, identity, schedule)
     local = plan.records.downloads is None and not plan.records.kind.compressed
     decoder = plan.decoder
-    # Records of the size read (no resizing): decoded in the fetch call, whatever the format.
+    # Raw/deflate records of the size read (no resizing): decoded in the fetch call.
     resized = decoder.stored != decoder.shape
     pixels = None if resized else batches_of(shards.manifest, decoder.where)
     return OrderedReader(
@@ -211,8 +212,8 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
 
 
 def batch_decoder(decoder):
-    """[B] serialized records to resize -> uint8 [B, H, W, C] and [B, H, W, 1] of the
-    plan's shape, one record at a time."""
+    """[B] serialized records (PNG/JPEG, or to resize) -> uint8 [B, H, W, C] and
+    [B, H, W, 1] of the plan's shape, one record at a time."""
     height, width, channels = decoder.shape
     signature = (
         tf.TensorSpec((height, width, channels), tf.uint8),

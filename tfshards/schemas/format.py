@@ -17,9 +17,9 @@ and with TensorFlow (the reader):
 Encodings: what the user asks for; each writes one or two pixel formats, and
 carries its parameters (``level``, ``quality``) and its TFDS form:
 
-- ``deflate`` (default): lossless; a zlib stream per record, inflated in parallel by
-  ``tf.io.decode_compressed``; on 256x256 RGB data it streams about twice as
-  fast as PNG at nearly PNG's size (see benchmarks/README.md).
+- ``deflate`` (default): lossless; a zlib stream per record, inflated by ISA-L (or
+  zlib) in the reader's parallel fetch calls; on 256x256 RGB data it streams about
+  twice as fast as PNG at nearly PNG's size (see benchmarks/README.md).
 - ``raw``: the largest shards; the fastest reading when the disk keeps up.
 - ``keep``: the source file's own bytes when they already decode to the
   stored pixels (a PNG or JPEG, no EXIF rotation, no resize, no mode change),

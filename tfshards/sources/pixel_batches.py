@@ -1,10 +1,11 @@
 """Records of one size decoded a batch at a time into one uint8 array, without TensorFlow.
 
-Each record is parsed by the pure-Python protobuf walk (its pixel fields stay views of
-the record, no copies), its sizes and formats are checked against the manifest, and its
-pixels are copied (raw), inflated (deflate, by ISA-L where installed) or decoded
-(PNG/JPEG, by Pillow) into row ``k`` of the batch. ISA-L and Pillow release the GIL
-while they work, so the reader's parallel calls decode on every core.
+For raw and deflate records (``batches_of``). Each record is parsed by the pure-Python
+protobuf walk (its pixel fields stay views of the record, no copies), its sizes and
+formats are checked against the manifest, and its pixels are copied (raw) or inflated
+(deflate, by ISA-L where installed, which releases the GIL) into row ``k`` of the batch.
+The decoder also takes PNG/JPEG (by Pillow, the decoder conversion and verify check
+against), which the readers leave to TensorFlow for speed.
 
 Why not TensorFlow's ops: turning the records into a ``tf.string`` tensor, parsing it
 and ``decode_raw`` copy every pixel byte three more times, about 0.27 ms of CPU per
@@ -124,11 +125,17 @@ def _cause(exc: Exception) -> str:
     return str(exc)
 
 
+# Decoded here, a batch at a time. PNG and JPEG are not: Pillow cost 0.23-0.30 ms more
+# CPU per 256x256 pair than TensorFlow's decoders in tf.data's threads (benchmarks/README.md).
+BATCH_FORMATS = ("raw", "deflate")
+
+
 def batches_of(manifest, where: str) -> PixelBatches | None:
-    """The batch decoder of a dataset whose records all have the manifest's size (None
-    for mixed sizes, whose records are decoded one at a time and resized)."""
-    if manifest.image_shape is None:
-        return None
+    """The batch decoder of a dataset whose records all have the manifest's size and
+    raw or deflate pixels; None for others (mixed sizes, PNG, JPEG)."""
     image = image_encoding(manifest.image.encoding)
     mask = mask_encoding(manifest.mask.encoding)
+    formats = (*image.formats, *mask.formats)
+    if manifest.image_shape is None or not set(formats) <= set(BATCH_FORMATS):
+        return None
     return PixelBatches(tuple(manifest.image_shape), image.formats, mask.formats, where)
