@@ -18,15 +18,17 @@ file each pass) and an epoch read from its disk cache.
 Bounds (no shuffle, no cache, the least work that yields the same output):
   bare TFRecordDataset over the raw shards (bytes only); raw read+decode[+cast];
   deflate read+inflate[+cast]; the built disk cache read[+cast].
-tfshards rows: the README path (default conversion, cache=True, float32): first epoch
-(a fresh cache each pass; also deflate uint8 and raw uint8 / float32, the build_* rows,
-each against streaming the same read) and warm epochs (uint8 / float32, and float32 through a Keras
-flip + rotation + zoom chain); raw and deflate streams
-(uint8 / float32); keep (PNG here), jpeg and raw+gzip streams (float32).
-Then bytes on disk per encoding, the speed-up from 1 core to 2 (child processes pinned
-with os.sched_setaffinity before TensorFlow starts), and peak RSS at 1x and 4x the data.
-The OS page cache is warm for every row (the files were just written or read).
-"""
+tfshards rows: the README path (default conversion, cache=True, float32): first epoch (a
+fresh cache each pass; also deflate uint8 and raw uint8 / float32, the build_* rows,
+each against streaming the same read, and bound_cache_write: the same bytes written to
+fresh files with plain os.pwrite calls and an fsync, what the kernel's side of a build
+costs on this machine: its CPU per pair is the least a build can add to streaming) and
+warm epochs (uint8 / float32, and float32 through a Keras flip + rotation + zoom chain);
+raw and deflate streams (uint8 / float32); keep (PNG here), jpeg and raw+gzip streams
+(float32). Then bytes on disk per encoding, the speed-up from 1 core to 2 (child
+processes pinned with os.sched_setaffinity before TensorFlow starts), and peak RSS at 1x
+and 4x the data. The OS page cache is warm for every row (the files were just written or
+read)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _common import markdown_table, peak_rss_of
@@ -242,6 +245,7 @@ def measure_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
     rows.append(row("readme_first_epoch", readme_first_epochs(tmp, repeats), hand))
     for name, source, dtype in BUILD_ROWS:  # the cache-building first epoch of other paths
         rows.append(row(name, first_epochs(tmp, repeats, source, dtype), hand))
+    rows.append(row("bound_cache_write", plain_writes(tmp, repeats, args), hand))
     for name in (
         "warm_uint8",
         "bound_cache_uint8",
@@ -277,6 +281,32 @@ def first_epochs(
         cache = tmp / f"first-epoch-cache-{attempt}"
         results.append(one_pass(tfshards.read(tmp / source, cache=cache, image_dtype=dtype)))
         shutil.rmtree(cache)
+    return results[1:]
+
+
+def plain_writes(tmp: Path, repeats: int, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """The cache write's bound: the flat store's bytes (every pair's image and mask) written
+    with one os.pwrite per pair in a shuffled order into fresh files, fsynced, then
+    deleted, as the build rows' caches are: the kernel's cost of taking in new pages."""
+    import numpy as np
+
+    pair = bytes(args.size * args.size * 3), bytes(args.size * args.size)
+    order = np.random.default_rng(0).permutation(args.count)
+    results = []
+    for attempt in range(repeats + 1):
+        folder = tmp / f"plain-write-{attempt}"
+        folder.mkdir()
+        started, cpu = time.perf_counter(), time.process_time()
+        for name, data in zip(("pairs.image", "pairs.mask"), pair, strict=True):
+            fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o644)
+            os.ftruncate(fd, len(data) * args.count)
+            for index in order:
+                os.pwrite(fd, data, int(index) * len(data))
+            os.fsync(fd)
+            os.close(fd)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        results.append((args.count / seconds, 1000 * cpu / args.count))
+        shutil.rmtree(folder)
     return results[1:]
 
 
