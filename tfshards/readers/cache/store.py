@@ -2,8 +2,11 @@
 
 A fixed-size disk entry is two flat files, ``pairs.image`` ([records, H, W, C] uint8,
 row-major) and ``pairs.mask`` ([records, H, W]), so pair ``i`` is one slice of each:
-a batch is gathered from memory-mapped files with one NumPy indexing per field, never
-one tf.data element per pair.
+a batch is gathered with one ``os.preadv`` per pair and file, in offset order, straight
+into the batch's array, never one tf.data element per pair. Not a memory map: under a
+memory limit, a mapping's read-ahead read 1.1-1.2x the cache per epoch from disk and
+its pages counted in the reader's RSS (``benchmarks/larger_than_ram.py``); each read
+here reads its pair's bytes only (``POSIX_FADV_RANDOM``).
 
 Building: every decoded batch is written at its records' places in a private
 ``.building-*`` folder, whatever the order; once every record has been written (in
@@ -16,6 +19,7 @@ to be the ones the build started from, so a pass that overlapped ``convert
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -54,21 +58,30 @@ class PairStore:
         self._written: np.ndarray | None = None
         self._folder: Path | None = None
         self._files: list[int] | None = None  # the building files' descriptors (disk)
+        self._published: list[int] | None = None  # the ready files' descriptors (disk)
         self.ready = False
         if cache is not None and flat_ready(cache.ready, records, shape):
-            self._arrays = self._mapped(cache.ready, "r")
+            self._published = _opened_for_reading(cache.ready)
             self.ready = True
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pairs at ``indices`` (the store must be ready)."""
-        images, masks = self._arrays
+        height, width, channels = self.shape
         order = np.argsort(indices, kind="stable")  # ascending offsets: sequential reads
-        out_images = aligned_empty((len(indices), *images.shape[1:]))
-        out_masks = aligned_empty((len(indices), *masks.shape[1:]))
-        for position in order:  # one copy per row (fancy indexing copies twice)
-            out_images[position] = images[indices[position]]
-            out_masks[position] = masks[indices[position]]
-        return out_images, out_masks
+        out = (
+            aligned_empty((len(indices), height, width, channels)),
+            aligned_empty((len(indices), height, width, 1)),
+        )
+        if self._published is None:  # RAM: one copy per row (fancy indexing copies twice)
+            for source, rows in zip(self._arrays, out, strict=True):
+                for position in order:
+                    rows[position] = source[indices[position]]
+            return out
+        for fd, name, rows in zip(self._published, FLAT_FILES, out, strict=True):
+            size = rows[0].nbytes
+            for position in order:
+                _read_row(fd, rows[position], int(indices[position]) * size, name)
+        return out
 
     def write(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
         """Keep decoded pairs; publish (disk) or mark ready (RAM) once all are kept."""
@@ -127,17 +140,19 @@ class PairStore:
             shutil.rmtree(folder, ignore_errors=True)
         else:
             log.info("disk cache ready: %s", self.cache.ready)
-        self._arrays = self._mapped(self.cache.ready, "r")
+        self._published = _opened_for_reading(self.cache.ready)
         self._written = None
         self.ready = True
 
-    def _mapped(self, folder: Path, mode: str) -> tuple[np.ndarray, np.ndarray]:
-        height, width, channels = self.shape
-        shapes = ((self.records, height, width, channels), (self.records, height, width, 1))
-        return tuple(
-            np.memmap(folder / name, np.uint8, mode=mode, shape=shape)
-            for name, shape in zip(FLAT_FILES, shapes, strict=True)
-        )
+    def close(self) -> None:
+        """Close the ready files (the store reads nothing after this)."""
+        for fd in self._published or ():
+            os.close(fd)
+        self._published = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown
+            self.close()
 
     def abandon(self) -> None:
         with self._lock:
@@ -148,6 +163,31 @@ class PairStore:
                 self._arrays = None
                 shutil.rmtree(self._folder, ignore_errors=True)
                 self._folder = None
+
+
+def _opened_for_reading(folder: Path) -> list[int]:
+    """The ready files, opened for reads of single pairs (no read-ahead past them)."""
+    descriptors = []
+    for name in FLAT_FILES:
+        fd = os.open(folder / name, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        descriptors.append(fd)
+    return descriptors
+
+
+def _read_row(fd: int, row: np.ndarray, offset: int, name: str) -> None:
+    """One pair's bytes of a ready file into ``row``; the file was checked to be whole."""
+    view = memoryview(row).cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise OSError(
+                f"disk cache file {name} ended at byte {offset + done}, before the pair it "
+                "holds there: it was truncated after it was published; run `tfshards cache "
+                "clear` on the dataset and read again"
+            )
+        done += got
 
 
 def flat_ready(folder: Path, records: int, shape: tuple[int, int, int]) -> bool:
