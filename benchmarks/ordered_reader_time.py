@@ -20,7 +20,8 @@ size read are decoded inside fetch (sources/pixel_batches.py); what is not in th
 is TensorFlow's: the pipeline's own steps, casting and finishing. raw_stream_uint8 also
 times, in this thread over 60 batches, the parts of a batch read: records.read, os.pread
 alone, CRC32C of the data alone, and tf.constant of the 32 returned bytes objects (what
-py_function does with them). About a minute per path at 2000 pairs.
+a py_function did with them before raw and deflate records were decoded in fetch;
+PNG/JPEG records still go that way). About a minute per path at 2000 pairs.
 """
 
 from __future__ import annotations

@@ -51,17 +51,23 @@ needs_glibc = pytest.mark.skipif(
 )
 
 
-def arenas_after_threads(mode: str, **environ: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
+def last_word(script: str, mode: str, environ: dict[str, str]) -> str:
+    """The last word a script prints, run in a fresh Python with no malloc settings of
+    the environment but ``environ``'s."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
     done = subprocess.run(
-        [sys.executable, "-c", COUNT_ARENAS, mode],
+        [sys.executable, "-c", script, mode],
         env={**env, **environ},
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
-    return int(done.stdout.split()[-1])
+    return done.stdout.split()[-1]
+
+
+def arenas_after_threads(mode: str, **environ: str) -> int:
+    return int(last_word(COUNT_ARENAS, mode, environ))
 
 
 @needs_glibc
@@ -108,16 +114,7 @@ OWN_MAPPING = textwrap.dedent(
 
 
 def own_mapping(mode: str, **environ: str) -> bool:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
-    done = subprocess.run(
-        [sys.executable, "-c", OWN_MAPPING, mode],
-        env={**env, **environ},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout.split()[-1] == "True"
+    return last_word(OWN_MAPPING, mode, environ) == "True"
 
 
 @needs_glibc

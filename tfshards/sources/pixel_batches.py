@@ -4,8 +4,8 @@ For raw and deflate records (``batches_of``). Each record is parsed by the pure-
 protobuf walk (its pixel fields stay views of the record, no copies), its sizes and
 formats are checked against the manifest, and its pixels are copied (raw) or inflated
 (deflate, by ISA-L where installed, which releases the GIL) into row ``k`` of the batch.
-The decoder also takes PNG/JPEG (by Pillow, the decoder conversion and verify check
-against), which the readers leave to TensorFlow for speed.
+PNG and JPEG are left to TensorFlow's decoders: Pillow here cost 0.23-0.30 ms more CPU
+per 256x256 pair (benchmarks/README.md).
 
 Why not TensorFlow's ops: turning the records into a ``tf.string`` tensor, parsing it
 and ``decode_raw`` copy every pixel byte three more times, about 0.27 ms of CPU per
@@ -23,11 +23,11 @@ import numpy as np
 
 from tfshards.errors import TfshardsError
 from tfshards.schemas import deflate
-from tfshards.schemas.format import PIXEL_FORMATS, image_encoding, mask_encoding
+from tfshards.schemas.format import image_encoding, mask_encoding
 from tfshards.schemas.tfrecord import RecordError, parse_example
 
 ALIGNMENT = 64  # TensorFlow takes a NumPy array of this alignment without a copy
-_PIXELS = {"image": "image/encoded", "mask": "mask/encoded"}
+BATCH_FORMATS = ("raw", "deflate")
 
 
 class PairDecodeError(TfshardsError, ValueError):
@@ -53,6 +53,11 @@ class PixelBatches:
     mask_formats: tuple[str, ...]
     where: str
 
+    def __post_init__(self) -> None:
+        others = set(self.image_formats + self.mask_formats) - set(BATCH_FORMATS)
+        if others:
+            raise ValueError(f"pixel formats {sorted(others)} are not decoded a batch at a time")
+
     def decode(
         self, records: Sequence[bytes], located: Callable[[int], str]
     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -72,7 +77,7 @@ class PixelBatches:
                 keys.append(bytes(features["key"]).decode("utf-8", "replace"))
             except PairDecodeError:
                 raise
-            except (RecordError, KeyError, TypeError, ValueError, OSError) as exc:
+            except (RecordError, KeyError, TypeError, ValueError) as exc:
                 raise PairDecodeError(f"{located(k)}: {_cause(exc)}") from exc
         return images, masks, keys
 
@@ -104,12 +109,8 @@ class PixelBatches:
 
 
 def _pixels_into(row: np.ndarray, encoded: memoryview, fmt: str) -> None:
-    """Pixels in ``fmt`` decoded into ``row`` (H, W, C): raw bytes copied, a zlib stream
-    inflated, PNG/JPEG decoded by Pillow (the decoder conversion and verify check against)."""
+    """Pixels in ``fmt`` into ``row`` (H, W, C): raw bytes copied, a zlib stream inflated."""
     height, width, channels = row.shape
-    if fmt not in ("raw", "deflate"):
-        row[:] = PIXEL_FORMATS[fmt].np_decode(encoded, height, width, channels)
-        return
     pixels = deflate.decompress(encoded) if fmt == "deflate" else encoded
     if len(pixels) != row.size:
         raise ValueError(
@@ -123,11 +124,6 @@ def _cause(exc: Exception) -> str:
     if isinstance(exc, KeyError):
         return f"missing feature {exc}"
     return str(exc)
-
-
-# Decoded here, a batch at a time. PNG and JPEG are not: Pillow cost 0.23-0.30 ms more
-# CPU per 256x256 pair than TensorFlow's decoders in tf.data's threads (benchmarks/README.md).
-BATCH_FORMATS = ("raw", "deflate")
 
 
 def batches_of(manifest, where: str) -> PixelBatches | None:
