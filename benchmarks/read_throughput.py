@@ -22,7 +22,9 @@ tfshards rows: the README path (default conversion, cache=True, float32): first 
 fresh cache each pass; also deflate uint8 and raw uint8 / float32, the build_* rows,
 each against streaming the same read, and bound_cache_write: the same bytes written to
 fresh files with plain os.pwrite calls and an fsync, what the kernel's side of a build
-costs on this machine: its CPU per pair is the least a build can add to streaming) and
+costs on this machine: its CPU per pair is the least a build can add to streaming; every
+writing pass, the hand-written first epoch's included, starts after an os.sync() and a
+pause, see FRESH_PAGES_PAUSE_S) and
 warm epochs (uint8 / float32, and float32 through a Keras flip + rotation + zoom chain);
 raw and deflate streams (uint8 / float32); keep (PNG here), jpeg and raw+gzip streams
 (float32). Then bytes on disk per encoding, the speed-up from 1 core to 2 (child
@@ -61,6 +63,12 @@ BUILD_ROWS = [
     ("build_raw_uint8", "raw", "uint8"),
     ("build_raw_float32", "raw", "float32"),
 ]
+# Memory freed by a deleted cache goes back to the VM's host within about a second here,
+# and writing into such memory again costs 0.2-0.3 ms more per 256 KiB than reusing it
+# (measured on this 2-core VM). Every pass that writes a cache or its bound starts after
+# this pause and an os.sync(), so each pays for fresh pages and for no earlier writer's
+# dirty pages, alike.
+FRESH_PAGES_PAUSE_S = 3.0
 SCALING_ROWS = ("raw_stream_uint8", "deflate_stream_uint8", "warm_uint8", "warm_float32")
 
 
@@ -237,7 +245,11 @@ def measure_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
     repeats, rows = args.repeats, []
     first, cached = [], []
     for attempt in range(repeats):  # a fresh pipeline and cache file for each first epoch
-        seeds = keras_pipeline(tmp / "data", (args.size, args.size), tmp / f"keras-cache-{attempt}")
+        cache_file = tmp / f"keras-cache-{attempt}"
+        for left in tmp.glob(f"{cache_file.name}.*"):  # an earlier run's (--reuse) is read
+            left.unlink()
+        seeds = keras_pipeline(tmp / "data", (args.size, args.size), cache_file)
+        settle()
         first.append(one_pass(seeds))
         cached.append(one_pass(seeds))
     hand = statistics.median(rate for rate, _ in first)
@@ -279,9 +291,16 @@ def first_epochs(
     results = []
     for attempt in range(repeats + 1):
         cache = tmp / f"first-epoch-cache-{attempt}"
+        settle()
         results.append(one_pass(tfshards.read(tmp / source, cache=cache, image_dtype=dtype)))
         shutil.rmtree(cache)
     return results[1:]
+
+
+def settle() -> None:
+    """Before a writing pass: no dirty pages left, and freed memory back with the host."""
+    os.sync()
+    time.sleep(FRESH_PAGES_PAUSE_S)
 
 
 def plain_writes(tmp: Path, repeats: int, args: argparse.Namespace) -> list[tuple[float, float]]:
@@ -296,6 +315,7 @@ def plain_writes(tmp: Path, repeats: int, args: argparse.Namespace) -> list[tupl
     for attempt in range(repeats + 1):
         folder = tmp / f"plain-write-{attempt}"
         folder.mkdir()
+        settle()
         started, cpu = time.perf_counter(), time.process_time()
         for name, data in zip(("pairs.image", "pairs.mask"), pair, strict=True):
             fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o644)

@@ -27,6 +27,7 @@ from s3_server import (
 
 import tfshards
 from tfshards import ReadOptions, convert, storage
+from tfshards.readers.order import group_shards
 from tfshards.readers.shard_cache import ShardCheckError
 
 pytestmark = pytest.mark.timeout(300)
@@ -415,3 +416,12 @@ def test_a_dropped_reader_freed_on_fsspecs_loop_thread_does_not_hang(
     freed.join(timeout=90)
     gc.enable()
     assert not freed.is_alive(), "freeing the reader on fsspec's loop thread hung"
+
+
+def test_a_dataset_at_a_url_mixes_smaller_groups_of_shards():
+    """An epoch's first batch waits for its group's shards to download: 64 MiB, not 256."""
+    sizes = [17 * 2**20] * 16
+    assert group_shards(sizes, None) == 15
+    assert group_shards(sizes, None, remote=True) == 3
+    assert group_shards(sizes, 6, remote=True) == 6  # cycle_length decides when given
+    assert group_shards([300 * 2**20] * 4, None, remote=True) == 1

@@ -31,6 +31,9 @@ import numpy as np
 # Records of a group of shards mixed together: a group's records are read in random
 # order, so they should stay in the page cache while it is read.
 GROUP_BYTES = 256 * 2**20
+# A dataset at a URL: an epoch's first batch waits until its whole group is downloaded,
+# so smaller groups start the first epoch sooner (benchmarks/object_storage.py).
+REMOTE_GROUP_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,14 @@ def _epoch_records(order: EpochOrder, epoch: int) -> np.ndarray:
     return result
 
 
-def group_shards(shard_bytes: list[int], cycle_length: int | None) -> int:
-    """Shards mixed together: ``cycle_length`` when given, else as many as fit GROUP_BYTES."""
+def group_shards(shard_bytes: list[int], cycle_length: int | None, *, remote: bool = False) -> int:
+    """Shards mixed together: ``cycle_length`` when given, else as many as fit GROUP_BYTES
+    (REMOTE_GROUP_BYTES for a dataset at a URL)."""
     if cycle_length is not None:
         return max(1, min(cycle_length, len(shard_bytes)))
     mean = max(1, sum(shard_bytes) // max(1, len(shard_bytes)))
-    return max(1, min(len(shard_bytes), GROUP_BYTES // mean))
+    budget = REMOTE_GROUP_BYTES if remote else GROUP_BYTES
+    return max(1, min(len(shard_bytes), budget // mean))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,10 @@ state to resume from is a few numbers (``ReadState``).
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import tensorflow as tf
@@ -112,36 +115,73 @@ def _shared(pixels: np.ndarray) -> tf.Tensor:
     return tf.experimental.dlpack.from_dlpack(pixels.__dlpack__())
 
 
+def _body(reader: OrderedReader, method: str) -> Callable:
+    """``reader.<method>`` as a py_function body that holds the reader weakly.
+
+    TensorFlow keeps every py_function body until the program ends (it ties them to the
+    outermost graph), so a body holding the reader would keep a dropped dataset's RAM
+    cache and open cache files with it. The dataset (and its iterators, which hold it)
+    keeps the reader alive instead; see ``_kept_by``.
+    """
+    reached, held = attrgetter(method), weakref.ref(reader)
+
+    def call(*args):
+        alive = held()
+        if alive is None:
+            raise RuntimeError(
+                "this tfshards.read() dataset was garbage-collected while its pipeline still "
+                "ran; keep a reference to the dataset (or its iterator) while reading"
+            )
+        return reached(alive)(*args)
+
+    call.__name__ = call.__qualname__ = method.replace(".", "_")
+    return guarded(call)
+
+
+def _kept_by(dataset: tf.data.Dataset, reader: OrderedReader) -> None:
+    """The dataset holds its reader. A dataset built inside a ``tf.function`` is dropped
+    after tracing while its graph lives on: its reader is kept for the program's life,
+    as TensorFlow keeps the bodies themselves."""
+    dataset._tfshards_reader = reader  # also found by ResumeCallback (resume_callback.py)
+    if not tf.executing_eagerly():
+        _READERS_OF_GRAPHS.append(reader)
+
+
+_READERS_OF_GRAPHS: list[OrderedReader] = []
+
+
 def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.Dataset:
     """uint8 (image, mask) batches from the cursor's start on, one read per batch."""
     per_iteration = reader.schedule.batches_per_epoch
+    step_of, fetch = _body(reader, "cursor.step"), _body(reader, "fetch")
+    prefetch, keep = _body(reader, "prefetch"), _body(reader, "keep")
     steps = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(per_iteration)
     # Sequential: the element with index 0 begins an iteration in the cursor.
-    steps = steps.map(
-        lambda i: tf.ensure_shape(tf.py_function(guarded(reader.cursor.step), [i], tf.int64), [])
-    )
-    shape = reader.shape
+    steps = steps.map(lambda i: tf.ensure_shape(tf.py_function(step_of, [i], tf.int64), []))
+    # Closures below hold plain values, not the reader (see _body).
+    shape, tf_decodes = reader.shape, reader.pixels is None
+    keeps_decoded = tf_decodes and reader.store is not None  # else the store is kept by fetch
     if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
 
         def ahead(step: tf.Tensor) -> tf.Tensor:
-            return tf.ensure_shape(tf.py_function(guarded(reader.prefetch), [step], tf.int64), [])
+            return tf.ensure_shape(tf.py_function(prefetch, [step], tf.int64), [])
 
         steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
 
     def load(step: tf.Tensor):
         indices, records, decoded, images, masks = tf.py_function(
-            guarded(reader.fetch), [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.uint8]
+            fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.uint8]
         )
         image = tf.ensure_shape(images, [None, *shape])
         mask = tf.ensure_shape(masks, [None, *shape[:2], 1])
-        if reader.pixels is None:  # PNG/JPEG or records to resize: TensorFlow decodes
+        if tf_decodes:  # PNG/JPEG or records to resize
             image, mask = tf.cond(
                 tf.ensure_shape(decoded, []),
                 lambda: (image, mask),
                 lambda: decode(tf.ensure_shape(records, [None])),
             )
-        if reader.store is not None and reader.pixels is None:  # else kept by fetch
-            kept = tf.py_function(guarded(reader.keep), [indices, image, mask], tf.bool)
+        if keeps_decoded:
+            kept = tf.py_function(keep, [indices, image, mask], tf.bool)
             with tf.control_dependencies([kept]):
                 image, mask = tf.identity(image), tf.identity(mask)
         return step, image, mask
@@ -172,7 +212,7 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
     else:
         batches = batches.map(finished, num_parallel_calls=AUTOTUNE, deterministic=True)
     dataset = batches.prefetch(AUTOTUNE)
-    dataset._tfshards_reader = reader  # found by ResumeCallback (resume.py)
+    _kept_by(dataset, reader)
     return dataset
 
 

@@ -46,6 +46,8 @@ STAGES = (
 )
 
 
+# Plain Python even when called inside a tf.function: AutoGraph cannot convert it.
+@tf.autograph.experimental.do_not_convert
 def read(
     path: str | os.PathLike,
     *,

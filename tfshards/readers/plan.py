@@ -212,7 +212,7 @@ def _group_shards(shards: SplitShards, options: ReadOptions) -> int:
     """Shards mixed together in an epoch; with a shard cache limit, as many as it holds
     beside the ones downloading ahead."""
     sizes = [shard.bytes for shard in shards.shards]
-    group = group_shards(sizes, options.cycle_length)
+    group = group_shards(sizes, options.cycle_length, remote=shards.remote)
     if shards.remote and options.shard_cache_limit is not None:
         fit = options.shard_cache_limit // max(1, max(sizes))
         group = max(1, min(group, fit - 2))

@@ -1,0 +1,94 @@
+"""A read() dataset's caches live as long as the dataset (or an iterator of it), not as
+long as the program: TensorFlow keeps py_function bodies until the program ends."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from conftest import write_pairs
+
+import tfshards
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lifetime")
+    images, masks = write_pairs(root / "data", 10, size=(16, 12))
+    tfshards.convert(images, masks, root / "shards", num_shards=2, workers=1, progress=False)
+    return root / "shards"
+
+
+def open_files_under(folder: Path) -> list[str]:
+    opened = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed since listed
+            continue
+        if target.startswith(str(folder)):
+            opened.append(target)
+    return opened
+
+
+def pairs_in(dataset) -> int:
+    return sum(int(image.shape[0]) for image, _ in dataset)
+
+
+@pytest.mark.parametrize("encoding", ["deflate", "png"])
+def test_a_dropped_dataset_closes_its_disk_cache_files(small, tmp_path, encoding):
+    shards = small
+    if encoding == "png":
+        shards = tmp_path / "png"
+        tfshards.convert(
+            small.parent / "data" / "images",
+            small.parent / "data" / "masks",
+            shards,
+            num_shards=2,
+            workers=1,
+            encoding="png",
+            progress=False,
+        )
+    cache = tmp_path / "cache"
+    for _ in range(2):  # the pass that builds the cache, then one that reads it
+        dataset = tfshards.read(shards, batch_size=4, seed=0, cache=cache)
+        assert pairs_in(dataset) == 10
+        assert open_files_under(cache), "the ready cache is open while the dataset lives"
+        del dataset
+        gc.collect()
+        assert open_files_under(cache) == []
+
+
+def test_a_dropped_dataset_frees_its_memory_cache(small):
+    dataset = tfshards.read(small, batch_size=4, seed=0, cache="memory")
+    assert pairs_in(dataset) == 10
+    store = weakref.ref(dataset._tfshards_reader.store)
+    assert store().ready
+    del dataset
+    gc.collect()
+    assert store() is None, "the decoded pairs in RAM went with the dataset"
+
+
+def test_an_iterator_reads_on_after_its_dataset_is_dropped(small, tmp_path):
+    iterator = iter(tfshards.read(small, batch_size=4, seed=0, cache=tmp_path / "cache"))
+    first = int(next(iterator)[0].shape[0])
+    gc.collect()
+    assert first + pairs_in(iterator) == 10
+
+
+def test_a_dataset_made_inside_a_tf_function_reads_each_call(small, capfd):
+    @tf.function
+    def pairs_counted() -> tf.Tensor:
+        count = tf.constant(0)
+        for image, _ in tfshards.read(small, batch_size=4, seed=0, cache="memory"):
+            count += tf.shape(image)[0]
+        return count
+
+    assert int(pairs_counted()) == 10
+    gc.collect()  # the Python dataset is gone; its graph still runs
+    assert int(pairs_counted()) == 10
+    assert "AutoGraph could not transform" not in capfd.readouterr().err
