@@ -63,11 +63,12 @@ BUILD_ROWS = [
     ("build_raw_uint8", "raw", "uint8"),
     ("build_raw_float32", "raw", "float32"),
 ]
-# Memory freed by a deleted cache goes back to the VM's host within about a second here,
-# and writing into such memory again costs 0.2-0.3 ms more per 256 KiB than reusing it
-# (measured on this 2-core VM). Every pass that writes a cache or its bound starts after
-# this pause and an os.sync(), so each pays for fresh pages and for no earlier writer's
-# dirty pages, alike.
+# Writes that grow the page cache into memory this VM's guest has not used before cost
+# about 2.6 s of kernel time per GiB more (its host backs a page on first touch): after
+# the hand-written pipeline's three 1.7 GB cache files, a cache build paid 0.6-0.7 ms more
+# per pair. So no row keeps what it wrote: each pass's cache files are deleted after it,
+# and every pass that writes (the hand-written first epoch's, the builds, their bound)
+# starts after an os.sync() (no earlier writer's dirty pages) and this pause, alike.
 FRESH_PAGES_PAUSE_S = 3.0
 SCALING_ROWS = ("raw_stream_uint8", "deflate_stream_uint8", "warm_uint8", "warm_float32")
 
@@ -252,6 +253,9 @@ def measure_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
         settle()
         first.append(one_pass(seeds))
         cached.append(one_pass(seeds))
+        del seeds
+        for written in tmp.glob(f"{cache_file.name}.*"):  # see FRESH_PAGES_PAUSE_S
+            written.unlink()
     hand = statistics.median(rate for rate, _ in first)
     rows += [row("hand_first_epoch", first, hand), row("hand_disk_cached", cached, hand)]
     rows.append(row("readme_first_epoch", readme_first_epochs(tmp, repeats), hand))

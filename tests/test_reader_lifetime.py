@@ -92,3 +92,17 @@ def test_a_dataset_made_inside_a_tf_function_reads_each_call(small, capfd):
     gc.collect()  # the Python dataset is gone; its graph still runs
     assert int(pairs_counted()) == 10
     assert "AutoGraph could not transform" not in capfd.readouterr().err
+
+
+def test_a_build_dropped_before_its_end_is_removed(small, tmp_path):
+    cache = tmp_path / "cache"
+    iterator = iter(tfshards.read(small, batch_size=4, seed=0, cache=cache))
+    next(iterator)
+    building = list(cache.rglob(".building-*"))
+    assert building and open_files_under(cache)
+    del iterator
+    gc.collect()
+    assert open_files_under(cache) == []
+    assert not any(folder.exists() for folder in building), "nobody can finish it"
+    again = tfshards.read(small, batch_size=4, seed=0, cache=cache)
+    assert pairs_in(again) == 10 and pairs_in(again) == 10  # built, then read

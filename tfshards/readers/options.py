@@ -48,8 +48,11 @@ def checked_size(name: str, value: object) -> tuple[int, int]:
 class ReadOptions:
     """Pipeline knobs; the defaults follow from the shard count and record size.
 
-    cycle_length: shards read at once (default: min(shards, 8); 1 when not shuffling
-        or when building a cache, so records come in the manifest's order).
+    cycle_length: shards whose records are mixed together. Batched reads (the default
+        path): an epoch takes the shards in groups of this many (default: as many as fit
+        in 256 MiB, 64 MiB for a dataset at a URL, whose first batch waits for its group
+        to download). Crops, pads and the tf.data service: shards interleaved at once
+        (default: min(shards, 8); 1 when not shuffling or when building a cache).
     block_length: consecutive records taken from one shard before moving on.
     parse_batch_size: records parsed per vectorized ``parse_example`` call.
     shuffle_buffer: records mixed by the shuffle buffer (default: as many as fit in

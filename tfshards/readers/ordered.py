@@ -44,15 +44,14 @@ class Cursor:
         self.iterations = 0
         self._lock = threading.Lock()
 
-    def step(self, index: int) -> int:
-        """The step of the ``index``-th element of the current iteration (0 begins one)."""
+    def begin(self) -> int:
+        """Begin an iteration: its first step."""
         with self._lock:
-            if index == 0:
-                self.iteration_start = self.next_start
-                self.iterations += 1
-                if self.per_iteration is not None:
-                    self.next_start += self.per_iteration
-            return self.iteration_start + index
+            self.iteration_start = self.next_start
+            self.iterations += 1
+            if self.per_iteration is not None:
+                self.next_start += self.per_iteration
+            return self.iteration_start
 
     def move_to(self, step: int) -> None:
         with self._lock:
@@ -153,11 +152,18 @@ _READERS_OF_GRAPHS: list[OrderedReader] = []
 def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.Dataset:
     """uint8 (image, mask) batches from the cursor's start on, one read per batch."""
     per_iteration = reader.schedule.batches_per_epoch
-    step_of, fetch = _body(reader, "cursor.step"), _body(reader, "fetch")
+    begin, fetch = _body(reader, "cursor.begin"), _body(reader, "fetch")
     prefetch, keep = _body(reader, "prefetch"), _body(reader, "keep")
-    steps = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(per_iteration)
-    # Sequential: the element with index 0 begins an iteration in the cursor.
-    steps = steps.map(lambda i: tf.ensure_shape(tf.py_function(step_of, [i], tf.int64), []))
+
+    def iteration(_) -> tf.data.Dataset:  # one py_function per iteration, not per batch
+        first = tf.ensure_shape(tf.py_function(begin, [], tf.int64), [])
+        if repeat:
+            return tf.data.Dataset.counter(first)
+        return tf.data.Dataset.range(first, first + per_iteration)
+
+    steps = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(iteration)
+    known = tf.data.INFINITE_CARDINALITY if repeat else per_iteration  # for Keras: flat_map
+    steps = steps.apply(tf.data.experimental.assert_cardinality(known))  # hides it
     # Closures below hold plain values, not the reader (see _body).
     shape, tf_decodes = reader.shape, reader.pixels is None
     keeps_decoded = tf_decodes and reader.store is not None  # else the store is kept by fetch

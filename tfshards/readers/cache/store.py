@@ -34,6 +34,9 @@ from tfshards.sources.pixel_batches import aligned_empty
 
 log = logging.getLogger("tfshards")
 FLAT_FILES = ("pairs.image", "pairs.mask")
+# A building entry's files are flushed to disk in the background every this many bytes
+# written (see Flusher).
+WRITE_BEHIND_BYTES = 64 * 2**20
 
 
 def flat_sizes(records: int, shape: tuple[int, int, int]) -> tuple[int, int]:
@@ -54,6 +57,8 @@ class PairStore:
         self.records, self.shape, self.cache = records, shape, cache
         self.unchanged = unchanged  # raises when the shards changed since the read began
         self._lock = threading.Lock()
+        self._flusher: Flusher | None = None  # the building files' write-behind (disk)
+        self._closed = False
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self._written: np.ndarray | None = None
         self._folder: Path | None = None
@@ -87,7 +92,7 @@ class PairStore:
         """Keep decoded pairs; publish (disk) or mark ready (RAM) once all are kept."""
         masks = masks.reshape(len(indices), *self.shape[:2], 1)
         with self._lock:
-            if self.ready:
+            if self.ready or self._closed:
                 return
             if self._written is None:
                 self._start()
@@ -99,6 +104,7 @@ class PairStore:
                     size = pixels[0].nbytes if len(pixels) else 0
                     for index, one in zip(indices, pixels, strict=True):
                         os.pwrite(fd, one.data, int(index) * size)
+                self._flusher.wrote(images.nbytes + masks.nbytes)
             self._written[indices] = True
             if self._written.all():
                 self._finish()
@@ -119,6 +125,7 @@ class PairStore:
             fd = os.open(self._folder / name, os.O_RDWR | os.O_CREAT, 0o644)
             os.ftruncate(fd, size)
             self._files.append(fd)
+        self._flusher = Flusher(self._files)
 
     def _finish(self) -> None:
         if self.cache is None:
@@ -126,6 +133,7 @@ class PairStore:
             return
         if self.unchanged is not None:
             self.unchanged()  # raises: the build never publishes a mix of two datasets
+        self._flusher.stop()
         for fd in self._files:
             os.fsync(fd)
             os.close(fd)
@@ -145,24 +153,58 @@ class PairStore:
         self.ready = True
 
     def close(self) -> None:
-        """Close the ready files (the store reads nothing after this)."""
-        for fd in self._published or ():
-            os.close(fd)
-        self._published = None
+        """Close the store's files (it reads and writes nothing after this); a build left
+        unfinished is removed, as nobody can finish it."""
+        with self._lock:
+            if self._flusher is not None:
+                self._flusher.stop()
+            for fd in [*(self._published or ()), *(self._files or ())]:
+                os.close(fd)
+            self._published = self._files = None
+            self._closed = True
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
+                self._folder = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter shutdown
             self.close()
 
-    def abandon(self) -> None:
-        with self._lock:
-            for fd in self._files or ():
-                os.close(fd)
-            self._files = None
-            if self._folder is not None:
-                self._arrays = None
-                shutil.rmtree(self._folder, ignore_errors=True)
-                self._folder = None
+
+class Flusher:
+    """Writes a building entry's files to disk in the background (write-behind) each time
+    another WRITE_BEHIND_BYTES have been written to them, so the fsync before publishing
+    waits for the last ones only and the reading threads never wait for the disk."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self._fds, self._unflushed, self._stopping = fds, 0, False
+        self._due = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tfshards-cache-flush", daemon=True)
+        self._thread.start()
+
+    def wrote(self, nbytes: int) -> None:
+        self._unflushed += nbytes
+        if self._unflushed >= WRITE_BEHIND_BYTES:
+            self._unflushed = 0
+            self._due.set()
+
+    def stop(self) -> None:
+        """Return once no flush runs (before the files are fsynced or closed)."""
+        self._stopping = True
+        self._due.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._stopping:
+                return
+            for fd in self._fds:
+                try:
+                    os.fdatasync(fd)
+                except OSError:  # the fsync before publishing reports it
+                    return
 
 
 def _opened_for_reading(folder: Path) -> list[int]:
