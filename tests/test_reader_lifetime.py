@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import weakref
 from pathlib import Path
 
@@ -106,3 +107,31 @@ def test_a_build_dropped_before_its_end_is_removed(small, tmp_path):
     assert not any(folder.exists() for folder in building), "nobody can finish it"
     again = tfshards.read(small, batch_size=4, seed=0, cache=cache)
     assert pairs_in(again) == 10 and pairs_in(again) == 10  # built, then read
+
+
+def test_a_build_is_flushed_in_the_background_while_it_is_written(small, tmp_path, monkeypatch):
+    from tfshards.readers.cache import store
+
+    flushed_by = []
+    real = os.fdatasync
+
+    def counted(fd: int) -> None:
+        flushed_by.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(store, "WRITE_BEHIND_BYTES", 1)  # every batch
+    monkeypatch.setattr(store.os, "fdatasync", counted)
+    cache = tmp_path / "cache"
+    streamed = [pair for pair in tfshards.read(small, batch_size=4, seed=0)]
+    built = [pair for pair in tfshards.read(small, batch_size=4, seed=0, cache=cache)]
+    assert set(flushed_by) == {"tfshards-cache-flush"}, "never by the reading threads"
+    assert len(flushed_by) >= 2  # both files, at least once
+    (entry,) = [e for e in tfshards.list_caches(cache) if e.state == "ready"]
+    read_back = [pair for pair in tfshards.read(small, batch_size=4, seed=0, cache=cache)]
+    for (image, mask), (built_image, built_mask), (cached_image, cached_mask) in zip(
+        streamed, built, read_back, strict=True
+    ):
+        assert (image.numpy() == built_image.numpy()).all()
+        assert (image.numpy() == cached_image.numpy()).all()
+        assert (mask.numpy() == built_mask.numpy()).all()
+        assert (mask.numpy() == cached_mask.numpy()).all()
