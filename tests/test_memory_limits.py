@@ -39,6 +39,8 @@ def test_read_gives_tf_data_the_budget_under_a_limit_and_leaves_the_default_othe
     monkeypatch.setattr(memory_limits, "cgroup_memory_limit", lambda: 2 * GIB)
     limited = tfshards.read(out, batch_size=2, cache=tmp_path / "cache")
     assert limited.options().autotune.ram_budget == GIB // 2
+    callback = tfshards.ResumeCallback(tmp_path / "backup", limited)  # raised before
+    assert callback.reader is limited._tfshards_reader
     assert sum(1 for _ in limited) == 3, "the budgeted pipeline still reads every batch"
     monkeypatch.setattr(memory_limits, "cgroup_memory_limit", lambda: None)
     assert tfshards.read(out, batch_size=2).options().autotune.ram_budget is None

@@ -46,8 +46,6 @@ STAGES = (
 )
 
 
-# Plain Python even when called inside a tf.function: AutoGraph cannot convert it.
-@tf.autograph.experimental.do_not_convert
 def read(
     path: str | os.PathLike,
     *,

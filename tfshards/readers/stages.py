@@ -126,7 +126,11 @@ def budgeted(batches: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
         return batches
     options = tf.data.Options()
     options.autotune.ram_budget = plan.ram_budget
-    return batches.with_options(options)
+    limited = batches.with_options(options)
+    reader = getattr(batches, "_tfshards_reader", None)
+    if reader is not None:  # ResumeCallback finds it on the dataset read() returns
+        limited._tfshards_reader = reader
+    return limited
 
 
 def _batch(dataset: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:

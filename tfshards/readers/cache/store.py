@@ -134,10 +134,13 @@ class PairStore:
         if self.unchanged is not None:
             self.unchanged()  # raises: the build never publishes a mix of two datasets
         self._flusher.stop()
-        for fd in self._files:
-            os.fsync(fd)
-            os.close(fd)
-        self._files = None
+        files, self._files = self._files, None  # closed once, even when an fsync fails
+        try:
+            for fd in files:
+                os.fsync(fd)
+        finally:
+            for fd in files:
+                os.close(fd)
         self._publish()
 
     def _publish(self) -> None:
@@ -192,7 +195,8 @@ class Flusher:
         """Return once no flush runs (before the files are fsynced or closed)."""
         self._stopping = True
         self._due.set()
-        self._thread.join()
+        if threading.current_thread() is not self._thread:  # __del__ may run on it
+            self._thread.join()
 
     def _run(self) -> None:
         while True:
