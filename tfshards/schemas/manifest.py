@@ -218,9 +218,11 @@ class Manifest:
                 raise _no_manifest(folder) from None
             return cls.from_json(data.decode("utf-8"), where=storage.display(path))
         path = Path(folder) / MANIFEST_NAME
-        if not path.is_file():
-            raise _no_manifest(folder)
-        return cls.from_json(path.read_text(encoding="utf-8"), where=str(path))
+        try:  # not is_file() first: `convert --overwrite` may remove it in between
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, IsADirectoryError):
+            raise _no_manifest(folder) from None
+        return cls.from_json(text, where=str(path))
 
 
 def _no_manifest(folder: Location) -> ManifestError:
