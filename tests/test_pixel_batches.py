@@ -104,3 +104,33 @@ def test_aligned_empty_is_aligned_whatever_numpy_gives():
     for size in (1, 63, 64, 1000, 6 * 2**20):
         array = aligned_empty((size,))
         assert array.shape == (size,) and array.ctypes.data % ALIGNMENT == 0
+
+
+@pytest.mark.parametrize("fmt", ["raw", "deflate"])
+def test_records_of_one_layout_decode_as_if_each_were_walked(fmt):
+    """After the first record of a length is walked, the next of that length is placed by
+    its layout: keys of other lengths, and sizes, formats or pixels that change the bytes
+    between the values, are each still found."""
+    batches = PixelBatches(SHAPE, (fmt,), (fmt,), "data (split train)")
+    records = [_record(s, fmt, key=f"pair{s}" + "x" * (s % 3)) for s in range(9)]
+    images, masks, keys = batches.decode(records, _located)
+    assert keys == [f"pair{s}" + "x" * (s % 3) for s in range(9)]
+    for k in range(9):
+        assert np.array_equal(images[k], _pixels(k, 3))
+        assert np.array_equal(masks[k], _pixels(k + 100, 1) % 4)
+    assert {layout.length for layout in batches._layouts.values()} == {len(r) for r in records}
+
+
+def test_a_record_that_fits_a_layouts_length_but_not_its_bytes_is_walked_and_checked():
+    batches = PixelBatches(SHAPE, ("raw",), ("raw",), "data (split train)")
+    good = _record(0, "raw")
+    batches.decode([good], _located)
+    # Same length: width 5 -> 7 is one varint byte either way, and "raw" -> "rgb".
+    for changes, cause in (
+        ({"width": 7}, r"it holds 6x7x3 \(HxWxC\) pixels"),
+        ({"image_format": "rgb"}, "its image is stored as 'rgb'"),
+    ):
+        bad = _record(1, "raw", **changes)
+        assert len(bad) == len(good)
+        with pytest.raises(PairDecodeError, match=cause):
+            batches.decode([good, bad], _located)

@@ -49,3 +49,34 @@ def test_failed_shard_leaves_no_file(tmp_path):
 def test_negative_int_feature_is_refused():
     with pytest.raises(ValueError, match="negative"):
         serialize_example({"n": -1})
+
+
+def test_our_parser_reads_what_protobuf_writes_including_packed_and_long_varints():
+    import tensorflow as tf
+
+    from tfshards.schemas.tfrecord import example_fields, parse_example
+
+    example = tf.train.Example()
+    feature = example.features.feature
+    feature["blob"].bytes_list.value.append(bytes(range(256)) * 3)  # a 2-byte length
+    feature["big"].int64_list.value.append(2**40)  # written packed by protobuf
+    feature["small"].int64_list.value.append(5)
+    feature["floats"].float_list.value.append(1.5)  # a kind tfshards never writes
+    data = example.SerializeToString()
+    parsed = parse_example(memoryview(data))
+    assert bytes(parsed["blob"]) == bytes(range(256)) * 3
+    assert (parsed["big"], parsed["small"], parsed["floats"]) == (2**40, 5, None)
+    start, stop = example_fields(data)["blob"]
+    assert data[start:stop] == bytes(range(256)) * 3
+    assert parse_example(data) == {
+        k: bytes(v) if isinstance(v, memoryview) else v for k, v in parsed.items()
+    }
+
+
+def test_a_truncated_example_is_a_record_error():
+    from tfshards.schemas.tfrecord import RecordError, parse_example
+
+    data = serialize_example({"key": b"k" * 200, "n": 7})
+    for cut in (1, 2, 10, len(data) - 1):
+        with pytest.raises(RecordError, match="truncated"):
+            parse_example(data[:cut])
