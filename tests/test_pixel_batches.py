@@ -3,17 +3,28 @@ pixels of raw and deflate records, and each way a record can disagree named with
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+from conftest import write_pairs
 
+import tfshards
+from tfshards.readers.shards import split_shards
 from tfshards.schemas import deflate
 from tfshards.schemas.record import EncodedPair
+from tfshards.schemas.tfrecord import RecordError, frame_record
+from tfshards.sources import pixel_batches
 from tfshards.sources.pixel_batches import (
     ALIGNMENT,
     PairDecodeError,
     PixelBatches,
     aligned_empty,
+    batches_of,
 )
+from tfshards.sources.records import SplitRecords
 
 SHAPE = (6, 5, 3)
 
@@ -134,3 +145,80 @@ def test_a_record_that_fits_a_layouts_length_but_not_its_bytes_is_walked_and_che
         assert len(bad) == len(good)
         with pytest.raises(PairDecodeError, match=cause):
             batches.decode([good, bad], _located)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+
+
+def _raw_split(tmp_path: Path, records: list[bytes] | None = None) -> SplitRecords:
+    """A converted raw dataset of 24x32 pairs in one shard; ``records`` replace its own."""
+    images, masks = write_pairs(tmp_path / "data", count=12)
+    out = tmp_path / "shards"
+    tfshards.convert(images, masks, out, encoding="raw", num_shards=1, progress=False)
+    if records is not None:
+        manifest = json.loads((out / "tfshards.json").read_text())
+        split = manifest["splits"]["train"]
+        shard = out / split["shards"][0]["file"]
+        shard.write_bytes(b"".join(frame_record(record) for record in records))
+        shard.with_suffix(".tfrecord.idx").unlink(missing_ok=True)
+        split["shards"][0].update(
+            bytes=shard.stat().st_size,
+            sha256=hashlib.sha256(shard.read_bytes()).hexdigest(),
+            records=len(records),
+        )
+        split["records"] = len(records)
+        (out / "tfshards.json").write_text(json.dumps(manifest))
+    return SplitRecords(split_shards(out, "train"))
+
+
+def _raw_pair(key: str, height: int = 24, width: int = 32, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, 24 * 32 * 3, dtype=np.uint8).tobytes()
+    mask = rng.integers(0, 3, 24 * 32, dtype=np.uint8).tobytes()
+    return EncodedPair(key, image, "raw", height, width, 3, mask, "raw").to_example()
+
+
+def test_a_raw_batch_read_into_its_rows_is_the_decoded_batch(tmp_path, monkeypatch):
+    records = _raw_split(tmp_path, [_raw_pair(f"pair{k:02d}", seed=k) for k in range(12)])
+    batches = batches_of(records.shards.manifest, "data (split train)")
+    walks = []
+    real_read_record = pixel_batches.read_record
+    monkeypatch.setattr(
+        pixel_batches, "read_record", lambda *a: walks.append(a) or real_read_record(*a)
+    )
+    indices = np.random.default_rng(0).permutation(12)
+    for _ in range(2):
+        images, masks = batches.read(records, indices, str)
+        expected_images, expected_masks, _ = batches.decode(records.read(indices), str)
+        np.testing.assert_array_equal(images, expected_images)
+        np.testing.assert_array_equal(masks, expected_masks)
+    assert len(walks) == 1, "after the first record, each is read straight into its rows"
+    assert images.ctypes.data % ALIGNMENT == 0
+
+
+def test_a_record_of_the_layouts_length_but_another_size_is_refused_when_read(tmp_path):
+    """32x24 has the bytes of 24x32 and the same length: only the bytes around tell."""
+    records = _raw_split(tmp_path, [_raw_pair("pair00"), _raw_pair("pair01", 32, 24)])
+    batches = batches_of(records.shards.manifest, "data (split train)")
+    batches.read(records, np.array([0]), str)
+    with pytest.raises(PairDecodeError, match=r"record pair01 disagrees with the manifest"):
+        batches.read(records, np.array([0, 1]), str)
+
+
+@pytest.mark.parametrize(
+    ("where", "cause"), [(200, "data CRC mismatch"), (-200, "data CRC mismatch"), (3, "length CRC")]
+)
+def test_a_corrupt_record_read_into_its_rows_is_named(tmp_path, where, cause):
+    records = _raw_split(tmp_path, [_raw_pair(f"pair{k:02d}", seed=k) for k in range(3)])
+    batches = batches_of(records.shards.manifest, "data (split train)")
+    batches.read(records, np.array([0]), str)  # the layout is known from here on
+    shard = Path(records.shards.paths[0])
+    data = bytearray(shard.read_bytes())
+    length = len(data) // 3
+    data[length + (where if where > 0 else length + where)] ^= 0x01  # in record 1
+    shard.write_bytes(bytes(data))
+    records = SplitRecords(split_shards(shard.parent, "train"))
+    with pytest.raises(RecordError, match=rf"{shard.name}: record 1: {cause}"):
+        batches.read(records, np.array([0, 1, 2]), str)

@@ -85,13 +85,13 @@ class OrderedReader:
         if store is not None and store.ready:
             images, masks = store.read(indices)
             return indices, NO_RECORDS, True, _shared(images), _shared(masks)
-        records = self.records.read(indices)
         if self.pixels is not None:
             located = self.records.located
-            images, masks, _ = self.pixels.decode(records, lambda k: located(indices[k]))
+            images, masks = self.pixels.read(self.records, indices, lambda k: located(indices[k]))
             if store is not None:  # being built: kept before the batch is delivered
                 store.write(indices, images, masks)
             return indices, NO_RECORDS, True, _shared(images), _shared(masks)
+        records = self.records.read(indices)
         height, width, channels = self.shape
         empty = np.zeros((0, height, width, channels), np.uint8)
         return indices, records, False, empty, empty[..., :1]

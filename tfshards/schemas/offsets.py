@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tfshards.schemas.format import index_path
-from tfshards.schemas.tfrecord import RecordError, masked_crc32c
+from tfshards.schemas.tfrecord import RecordError, crc32c_at, mask_crc, masked_crc32c
 
 HEADER_BYTES = 12  # uint64 length, uint32 masked CRC of the length
 FOOTER_BYTES = 4  # uint32 masked CRC of the data
@@ -119,6 +120,29 @@ def read_record(fd: int, start: int, length: int, where: str) -> bytes:
     if crc != masked_crc32c(data):
         raise RecordError(f"{where}: data CRC mismatch (corrupt bytes)")
     return data
+
+
+def read_record_into(
+    fd: int, start: int, length: int, where: str, parts: Sequence[np.ndarray]
+) -> None:
+    """:func:`read_record`, with the data landing in ``parts`` (contiguous uint8 arrays
+    whose sizes add up to the data's, in the record's order) by one ``preadv``, and its
+    CRC computed where it landed: pixels read into their batch need no copy.
+
+    Only where ``tfrecord.crc32c_at`` is not None (the caller checks)."""
+    header, footer = np.empty(HEADER_BYTES, np.uint8), np.empty(FOOTER_BYTES, np.uint8)
+    got = os.preadv(fd, [header, *parts, footer], start)
+    size = length - HEADER_BYTES - FOOTER_BYTES
+    if got != length or size != sum(part.nbytes for part in parts):
+        raise RecordError(f"{where}: truncated ({got} of {length} bytes)")
+    data_length = _checked_length(header.tobytes(), where, None)
+    if data_length != size:
+        raise RecordError(f"{where}: its header says {data_length} bytes, its offsets disagree")
+    crc = 0
+    for part in parts:
+        crc = crc32c_at(crc, part.ctypes.data, part.nbytes)
+    if int.from_bytes(footer.tobytes(), "little") != mask_crc(crc):
+        raise RecordError(f"{where}: data CRC mismatch (corrupt bytes)")
 
 
 def _checked_length(header: bytes, where: object, index: int | None) -> int:

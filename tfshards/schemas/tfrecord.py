@@ -20,8 +20,9 @@ always serializes to the same bytes.
 
 from __future__ import annotations
 
+import ctypes
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
 
 import google_crc32c
@@ -30,8 +31,35 @@ _MASK_DELTA = 0xA282EAD8
 
 
 def masked_crc32c(data: bytes) -> int:
-    crc = google_crc32c.value(data)
+    return mask_crc(google_crc32c.value(data))
+
+
+def mask_crc(crc: int) -> int:
+    """TFRecord's masked form of a CRC-32C."""
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _crc32c_at() -> Callable[[int, int, int], int] | None:
+    """google-crc32c's own C function ``crc32c_extend(crc, address, size)``, called
+    through ctypes; None where its library cannot be found.
+
+    Its Python API takes ``bytes`` only (not an array's memory: pixels read straight
+    into a batch would need a copy to be checked) and holds the GIL; through ctypes
+    it reads any memory by address, and ctypes releases the GIL for the call."""
+    if google_crc32c.implementation != "c":
+        return None
+    try:
+        from google_crc32c import _crc32c
+
+        extend = ctypes.CDLL(_crc32c.__file__).crc32c_extend  # found in its linked library
+    except (ImportError, OSError, AttributeError):
+        return None
+    extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
+    extend.restype = ctypes.c_uint32
+    return extend
+
+
+crc32c_at = _crc32c_at()
 
 
 def frame_record(data: bytes) -> bytes:

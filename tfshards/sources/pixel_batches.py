@@ -1,9 +1,13 @@
 """Records of one size decoded a batch at a time into one uint8 array, without TensorFlow.
 
-For raw and deflate records (``batches_of``). Each record is parsed by the pure-Python
-protobuf walk (its pixel fields stay views of the record, no copies), its sizes and
-formats are checked against the manifest, and its pixels are copied (raw) or inflated
-(deflate, by ISA-L where installed, which releases the GIL) into row ``k`` of the batch.
+For raw and deflate records (``batches_of``). The first record of each length is walked
+by the pure-Python protobuf parser (``tfrecord.example_fields``: where each value lies,
+no copies) and its sizes and formats are checked against the manifest; that walk is
+remembered as a :class:`RecordLayout`, and a later record of the same length whose bytes
+around its pixels and key are the same is placed by it without a walk (a raw dataset's
+records all share one or a few layouts; the walk was a third of the raw stream's Python
+time per pair). The pixels are copied (raw) or inflated (deflate, by ISA-L where
+installed, which releases the GIL) into row ``k`` of the batch.
 PNG and JPEG are left to TensorFlow's decoders: Pillow here cost 0.23-0.30 ms more CPU
 per 256x256 pair (benchmarks/README.md).
 
@@ -18,17 +22,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfshards.errors import TfshardsError
 from tfshards.schemas import deflate
 from tfshards.schemas.format import image_encoding, mask_encoding
-from tfshards.schemas.tfrecord import RecordError, Span, example_fields
+from tfshards.schemas.offsets import FOOTER_BYTES, HEADER_BYTES, read_record, read_record_into
+from tfshards.schemas.tfrecord import RecordError, Span, crc32c_at, example_fields
+
+if TYPE_CHECKING:
+    from tfshards.sources.records import SplitRecords
 
 ALIGNMENT = 64  # TensorFlow takes a NumPy array of this alignment without a copy
 BATCH_FORMATS = ("raw", "deflate")
 MAX_LAYOUTS = 16  # record layouts remembered per reader (one per record length)
+FRAMING_BYTES = HEADER_BYTES + FOOTER_BYTES
 
 
 class PairDecodeError(TfshardsError, ValueError):
@@ -66,35 +77,64 @@ class PixelBatches:
         """uint8 images [B, H, W, C], masks [B, H, W, 1] and keys of ``records`` (their
         data, CRCs already checked); ``located(k)`` names record ``k`` (shard and number)
         in errors, which are :class:`PairDecodeError`."""
-        height, width, channels = self.shape
-        images = aligned_empty((len(records), height, width, channels))
-        masks = aligned_empty((len(records), height, width, 1))
-        keys = []
-        for k, record in enumerate(records):
-            try:
-                layout = self._layouts.get(len(record))
-                if layout is None or not layout.fits(record):
-                    layout = self._learn(record, located, k)
-                _pixels_into(images[k], record, layout.image, layout.image_format)
-                _pixels_into(masks[k], record, layout.mask, layout.mask_format)
-                keys.append(str(record[slice(*layout.key)], "utf-8", "replace"))
-            except PairDecodeError:
-                raise
-            except (RecordError, KeyError, TypeError, ValueError) as exc:
-                raise PairDecodeError(f"{located(k)}: {_cause(exc)}") from exc
+        images, masks = self._empty(len(records))
+        keys = [
+            self._decode_into(k, record, images, masks, located) for k, record in enumerate(records)
+        ]
         return images, masks, keys
 
-    def _learn(self, record: bytes, located: Callable[[int], str], k: int) -> RecordLayout:
-        """The layout of a record walked in full and checked (sizes, formats); remembered
-        for the records of its length that follow."""
+    def read(
+        self, records: SplitRecords, indices: np.ndarray, located: Callable[[int], str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The images and masks of the records at ``indices``, read and decoded as
+        :meth:`decode` does. A raw record of a remembered layout is read straight into
+        its rows by one ``preadv``, its CRC computed there: no copy of its pixels."""
+        images, masks = self._empty(len(indices))
+
+        def read_one(k: int, fd: int, start: int, length: int, where: str) -> None:
+            layout = self._layouts.get(length - FRAMING_BYTES)
+            image, mask = images[k], masks[k]
+            if layout is None or not layout.read_into(fd, start, length, where, image, mask):
+                self._decode_into(k, read_record(fd, start, length, where), images, masks, located)
+
+        records.read_each(indices, read_one)
+        return images, masks
+
+    def _empty(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        height, width, channels = self.shape
+        images = aligned_empty((count, height, width, channels))
+        return images, aligned_empty((count, height, width, 1))
+
+    def _decode_into(
+        self,
+        k: int,
+        record: bytes,
+        images: np.ndarray,
+        masks: np.ndarray,
+        located: Callable[[int], str],
+    ) -> str:
+        """Record ``k``'s pixels into row ``k``; its key."""
+        try:
+            layout = self._layouts.get(len(record))
+            if layout is None or not layout.fits(record):
+                layout = self._walked(record, located, k)
+            _pixels_into(images[k], record, layout.image, layout.image_format)
+            _pixels_into(masks[k], record, layout.mask, layout.mask_format)
+        except PairDecodeError:
+            raise
+        except (RecordError, KeyError, TypeError, ValueError) as exc:
+            raise PairDecodeError(f"{located(k)}: {_cause(exc)}") from exc
+        if len(self._layouts) < MAX_LAYOUTS:  # a layout whose pixels decoded
+            self._layouts.setdefault(len(record), layout)
+        return str(record[slice(*layout.key)], "utf-8", "replace")
+
+    def _walked(self, record: bytes, located: Callable[[int], str], k: int) -> RecordLayout:
+        """The layout of a record walked in full and checked (sizes, formats)."""
         features = example_fields(record)
         self._check_sizes(features, record, located, k)
         formats = [self._format(features, record, part) for part in ("image", "mask")]
         spans = [_span(features, name) for name in ("image/encoded", "mask/encoded", "key")]
-        layout = RecordLayout.of(record, *spans, *formats)
-        if len(self._layouts) < MAX_LAYOUTS:
-            self._layouts[len(record)] = layout
-        return layout
+        return RecordLayout.of(record, *spans, *formats)
 
     def _check_sizes(
         self, features: dict, record: bytes, located: Callable[[int], str], k: int
@@ -132,8 +172,8 @@ class RecordLayout:
     A protobuf walk is decided by tags and lengths alone, all of which lie outside the
     pixel and key values; so a record of the same length whose bytes outside those three
     spans equal these has the same fields at the same places, with the same sizes and
-    formats, and needs no walk: about 3 us against 30 for a 256x256 record (the walk is
-    Python and holds the GIL, the comparison a few short ``memcmp``)."""
+    formats, and needs no walk (a few short comparisons, against about 30 us of Python
+    holding the GIL for a 256x256 record)."""
 
     length: int
     image: Span
@@ -159,6 +199,45 @@ class RecordLayout:
         return len(record) == self.length and all(
             record[start:stop] == piece for start, stop, piece in self.around
         )
+
+    @cached_property
+    def _direct(self) -> tuple[tuple[tuple[int, int, int], ...], bytes] | None:
+        """How a record of this layout is read straight into its rows: its segments in
+        order, as (0 scratch / 1 image row / 2 mask row, start, stop), the bytes around
+        first in the scratch and the key after them; and those bytes. None unless both
+        are raw and the C CRC is at hand."""
+        if (self.image_format, self.mask_format) != ("raw", "raw") or crc32c_at is None:
+            return None
+        around = b"".join(piece for _, _, piece in self.around)
+        values = {self.image: (1, 0, _size(self.image)), self.mask: (2, 0, _size(self.mask))}
+        values[self.key] = (0, len(around), len(around) + _size(self.key))
+        segments, at = [], 0
+        for (start, stop, _), value in zip(self.around, [*sorted(values), None], strict=True):
+            segments.append((0, at, at + stop - start))
+            at += stop - start
+            if value is not None:
+                segments.append(values[value])
+        return tuple(segment for segment in segments if segment[2] > segment[1]), around
+
+    def read_into(
+        self, fd: int, start: int, length: int, where: str, image: np.ndarray, mask: np.ndarray
+    ) -> bool:
+        """Read the record framed at ``start`` into ``image`` and ``mask`` (rows of a
+        batch), both CRCs checked: True when it has this layout; False when it does not
+        (the rows then hold other bytes: decode it another way) or is not raw."""
+        direct = self._direct
+        if direct is None or image.size != _size(self.image) or mask.size != _size(self.mask):
+            return False
+        segments, around = direct
+        scratch = np.empty(len(around) + _size(self.key), np.uint8)
+        rows = (scratch, image.reshape(-1), mask.reshape(-1))
+        parts = [rows[source][first:stop] for source, first, stop in segments]
+        read_record_into(fd, start, length, where, parts)
+        return scratch[: len(around)].tobytes() == around
+
+
+def _size(span: Span) -> int:
+    return span[1] - span[0]
 
 
 def _span(features: dict, name: str) -> Span:

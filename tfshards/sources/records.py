@@ -30,7 +30,7 @@ import contextlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +48,7 @@ from tfshards.sources.shard_cache import ShardCache, shard_cache_key
 OPEN_FILES = 64  # descriptors kept open per process, least recently used closed first
 MIN_CACHED_SHARDS = 3  # a shard cache limit must hold this many of the largest shards
 Identity = tuple[int, int, int, int]
+ReadOne = Callable[[int, int, int, int, str], None]  # see SplitRecords.read_each
 
 
 def default_offsets_folder() -> Path:
@@ -149,9 +150,21 @@ class SplitRecords:
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The data of the records at ``indices``, in that order, CRCs checked."""
+        out: list[bytes] = [b""] * len(indices)
+
+        def keep(position: int, fd: int, start: int, length: int, where: str) -> None:
+            out[position] = read_record(fd, start, length, where)
+
+        self.read_each(indices, keep)
+        return out
+
+    def read_each(self, indices: Sequence[int] | np.ndarray, read_one: ReadOne) -> None:
+        """Call ``read_one(position, fd, start, length, where)`` for each record at
+        ``indices``: its position in ``indices``, an open descriptor of its shard (in use
+        until the call returns), where its framing starts, its framed length, and its
+        name for errors. Shard by shard, in offset order: sequential reads where the
+        order allows."""
         shard_numbers, locals_ = self.locate(np.asarray(indices, np.int64))
-        out: list[bytes] = [b""] * len(shard_numbers)
-        # Shard by shard, in offset order: sequential reads where the order allows.
         order = np.lexsort((locals_, shard_numbers))
         starts = np.flatnonzero(np.diff(shard_numbers[order], prepend=-1))
         for run in np.split(order, starts[1:]):
@@ -161,11 +174,10 @@ class SplitRecords:
                 for position in run:
                     local = int(locals_[position])
                     where = f"{self.shards.paths[number]}: record {local}"
-                    start, length = offsets.starts[local], offsets.lengths[local]
-                    out[position] = read_record(fd, start, length, where)
+                    start, length = int(offsets.starts[local]), int(offsets.lengths[local])
+                    read_one(int(position), fd, start, length, where)
             finally:
                 self._done(number)
-        return out
 
     def _done(self, number: int) -> None:
         """A read of shard ``number`` is over; close descriptors beyond the limit now."""
