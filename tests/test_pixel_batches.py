@@ -190,10 +190,11 @@ def test_a_raw_batch_read_into_its_rows_is_the_decoded_batch(tmp_path, monkeypat
     )
     indices = np.random.default_rng(0).permutation(12)
     for _ in range(2):
-        images, masks = batches.read(records, indices, str)
-        expected_images, expected_masks, _ = batches.decode(records.read(indices), str)
+        images, masks, keys = batches.read(records, indices, str)
+        expected_images, expected_masks, expected_keys = batches.decode(records.read(indices), str)
         np.testing.assert_array_equal(images, expected_images)
         np.testing.assert_array_equal(masks, expected_masks)
+        assert keys == expected_keys == [f"pair{k:02d}" for k in indices]
     assert len(walks) == 1, "after the first record, each is read straight into its rows"
     assert images.ctypes.data % ALIGNMENT == 0
 

@@ -87,7 +87,9 @@ class OrderedReader:
             return indices, NO_RECORDS, True, _shared(images), _shared(masks)
         if self.pixels is not None:
             located = self.records.located
-            images, masks = self.pixels.read(self.records, indices, lambda k: located(indices[k]))
+            images, masks, _ = self.pixels.read(
+                self.records, indices, lambda k: located(indices[k])
+            )
             if store is not None:  # being built: kept before the batch is delivered
                 store.write(indices, images, masks)
             return indices, NO_RECORDS, True, _shared(images), _shared(masks)

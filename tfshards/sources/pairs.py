@@ -91,12 +91,14 @@ class Pairs:
         """Many pairs at once, read shard by shard in offset order (PyTorch's batched
         fetch: a ``DataLoader`` with a batch sampler calls it once per batch)."""
         indices = [_index(i, len(self)) for i in indices]
-        data = self.records.read(indices)
         if self.batches is None:
+            data = self.records.read(indices)
             decoded = [self._decoded(i, d) for i, d in zip(indices, data, strict=True)]
         else:
-            images, masks, keys = self.batches.decode(
-                data, lambda k: f"{self.records.located(indices[k])} (pair {indices[k]})"
+            images, masks, keys = self.batches.read(
+                self.records,
+                np.asarray(indices, np.int64),
+                lambda k: f"{self.records.located(indices[k])} (pair {indices[k]})",
             )
             decoded = zip(images, masks, keys, strict=True)
         return [self._finish(pair) for pair in decoded]

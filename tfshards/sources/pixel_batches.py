@@ -85,20 +85,25 @@ class PixelBatches:
 
     def read(
         self, records: SplitRecords, indices: np.ndarray, located: Callable[[int], str]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The images and masks of the records at ``indices``, read and decoded as
+    ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """The images, masks and keys of the records at ``indices``, read and decoded as
         :meth:`decode` does. A raw record of a remembered layout is read straight into
         its rows by one ``preadv``, its CRC computed there: no copy of its pixels."""
         images, masks = self._empty(len(indices))
+        keys = [""] * len(indices)
 
         def read_one(k: int, fd: int, start: int, length: int, where: str) -> None:
             layout = self._layouts.get(length - FRAMING_BYTES)
-            image, mask = images[k], masks[k]
-            if layout is None or not layout.read_into(fd, start, length, where, image, mask):
-                self._decode_into(k, read_record(fd, start, length, where), images, masks, located)
+            key = None
+            if layout is not None:
+                key = layout.read_into(fd, start, length, where, images[k], masks[k])
+            if key is None:
+                record = read_record(fd, start, length, where)
+                key = self._decode_into(k, record, images, masks, located)
+            keys[k] = key
 
         records.read_each(indices, read_one)
-        return images, masks
+        return images, masks, keys
 
     def _empty(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         height, width, channels = self.shape
@@ -221,19 +226,21 @@ class RecordLayout:
 
     def read_into(
         self, fd: int, start: int, length: int, where: str, image: np.ndarray, mask: np.ndarray
-    ) -> bool:
+    ) -> str | None:
         """Read the record framed at ``start`` into ``image`` and ``mask`` (rows of a
-        batch), both CRCs checked: True when it has this layout; False when it does not
+        batch), both CRCs checked: its key when it has this layout; None when it does not
         (the rows then hold other bytes: decode it another way) or is not raw."""
         direct = self._direct
         if direct is None or image.size != _size(self.image) or mask.size != _size(self.mask):
-            return False
+            return None
         segments, around = direct
         scratch = np.empty(len(around) + _size(self.key), np.uint8)
         rows = (scratch, image.reshape(-1), mask.reshape(-1))
         parts = [rows[source][first:stop] for source, first, stop in segments]
         read_record_into(fd, start, length, where, parts)
-        return scratch[: len(around)].tobytes() == around
+        if scratch[: len(around)].tobytes() != around:
+            return None
+        return str(scratch[len(around) :].tobytes(), "utf-8", "replace")
 
 
 def _size(span: Span) -> int:
