@@ -129,7 +129,7 @@ def read_record_into(
     whose sizes add up to the data's, in the record's order) by one ``preadv``, and its
     CRC computed where it landed: pixels read into their batch need no copy.
 
-    Only where ``tfrecord.crc32c_at`` is not None (the caller checks)."""
+    Only where ``tfrecord.crc32c_at()`` is not None (the caller checks)."""
     header, footer = np.empty(HEADER_BYTES, np.uint8), np.empty(FOOTER_BYTES, np.uint8)
     got = os.preadv(fd, [header, *parts, footer], start)
     size = length - HEADER_BYTES - FOOTER_BYTES
@@ -138,9 +138,9 @@ def read_record_into(
     data_length = _checked_length(header.tobytes(), where, None)
     if data_length != size:
         raise RecordError(f"{where}: its header says {data_length} bytes, its offsets disagree")
-    crc = 0
+    crc, extend = 0, crc32c_at()
     for part in parts:
-        crc = crc32c_at(crc, part.ctypes.data, part.nbytes)
+        crc = extend(crc, part.ctypes.data, part.nbytes)
     if int.from_bytes(footer.tobytes(), "little") != mask_crc(crc):
         raise RecordError(f"{where}: data CRC mismatch (corrupt bytes)")
 

@@ -21,6 +21,7 @@ always serializes to the same bytes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
@@ -39,13 +40,15 @@ def mask_crc(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def _crc32c_at() -> Callable[[int, int, int], int] | None:
+@functools.cache
+def crc32c_at() -> Callable[[int, int, int], int] | None:
     """google-crc32c's own C function ``crc32c_extend(crc, address, size)``, called
     through ctypes; None where its library cannot be found.
 
     Its Python API takes ``bytes`` only (not an array's memory: pixels read straight
     into a batch would need a copy to be checked) and holds the GIL; through ctypes
-    it reads any memory by address, and ctypes releases the GIL for the call."""
+    it reads any memory by address, and ctypes releases the GIL for the call. Looked up
+    on first use, by readers only (the converter's workers never load it)."""
     if google_crc32c.implementation != "c":
         return None
     try:
@@ -57,9 +60,6 @@ def _crc32c_at() -> Callable[[int, int, int], int] | None:
     extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
     extend.restype = ctypes.c_uint32
     return extend
-
-
-crc32c_at = _crc32c_at()
 
 
 def frame_record(data: bytes) -> bytes:

@@ -211,7 +211,7 @@ class RecordLayout:
         order, as (0 scratch / 1 image row / 2 mask row, start, stop), the bytes around
         first in the scratch and the key after them; and those bytes. None unless both
         are raw and the C CRC is at hand."""
-        if (self.image_format, self.mask_format) != ("raw", "raw") or crc32c_at is None:
+        if (self.image_format, self.mask_format) != ("raw", "raw") or crc32c_at() is None:
             return None
         around = b"".join(piece for _, _, piece in self.around)
         values = {self.image: (1, 0, _size(self.image)), self.mask: (2, 0, _size(self.mask))}
