@@ -111,14 +111,7 @@ def read_record(fd: int, start: int, length: int, where: str) -> bytes:
     data = os.pread(fd, size, start + HEADER_BYTES) if size > 0 else b""
     footer = os.pread(fd, FOOTER_BYTES, start + HEADER_BYTES + size)
     got = len(header) + len(data) + len(footer)
-    if got != length or size < 0:
-        raise RecordError(f"{where}: truncated ({got} of {length} bytes)")
-    data_length = _checked_length(header, where, None)
-    if data_length != size:
-        raise RecordError(f"{where}: its header says {data_length} bytes, its offsets disagree")
-    (crc,) = struct.unpack("<I", footer)
-    if crc != masked_crc32c(data):
-        raise RecordError(f"{where}: data CRC mismatch (corrupt bytes)")
+    _check_frame(header, footer, got, length, masked_crc32c(data), where)
     return data
 
 
@@ -126,22 +119,31 @@ def read_record_into(
     fd: int, start: int, length: int, where: str, parts: Sequence[np.ndarray]
 ) -> None:
     """:func:`read_record`, with the data landing in ``parts`` (contiguous uint8 arrays
-    whose sizes add up to the data's, in the record's order) by one ``preadv``, and its
-    CRC computed where it landed: pixels read into their batch need no copy.
+    whose sizes add up to the data's, in the record's order: the caller's layout) by one
+    ``preadv``, and its CRC computed where it landed: pixels read into their batch need
+    no copy.
 
     Only where ``tfrecord.crc32c_at()`` is not None (the caller checks)."""
     header, footer = np.empty(HEADER_BYTES, np.uint8), np.empty(FOOTER_BYTES, np.uint8)
     got = os.preadv(fd, [header, *parts, footer], start)
-    size = length - HEADER_BYTES - FOOTER_BYTES
-    if got != length or size != sum(part.nbytes for part in parts):
-        raise RecordError(f"{where}: truncated ({got} of {length} bytes)")
-    data_length = _checked_length(header.tobytes(), where, None)
-    if data_length != size:
-        raise RecordError(f"{where}: its header says {data_length} bytes, its offsets disagree")
     crc, extend = 0, crc32c_at()
     for part in parts:
         crc = extend(crc, part.ctypes.data, part.nbytes)
-    if int.from_bytes(footer.tobytes(), "little") != mask_crc(crc):
+    _check_frame(header.tobytes(), footer.tobytes(), got, length, mask_crc(crc), where)
+
+
+def _check_frame(
+    header: bytes, footer: bytes, got: int, length: int, data_crc: int, where: str
+) -> None:
+    """A record read whole (``got`` of its ``length`` framed bytes) whose header agrees
+    with its length and whose footer holds ``data_crc``, or a RecordError naming it."""
+    size = length - HEADER_BYTES - FOOTER_BYTES
+    if got != length or size < 0:
+        raise RecordError(f"{where}: truncated ({got} of {length} bytes)")
+    data_length = _checked_length(header, where, None)
+    if data_length != size:
+        raise RecordError(f"{where}: its header says {data_length} bytes, its offsets disagree")
+    if struct.unpack("<I", footer)[0] != data_crc:
         raise RecordError(f"{where}: data CRC mismatch (corrupt bytes)")
 
 
