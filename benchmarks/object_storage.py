@@ -28,11 +28,13 @@ The page cache is warm for the local rows.
     python benchmarks/object_storage.py --rows read --before /tmp/tfshards-before --repeats 3
 
 ``--rows read`` runs only the reads, each round in fresh processes (one per tree:
-``--before`` then ``--after``, alternating, when ``--before`` is given; see
-``_bucket_read_passes.py``), and splits the CPU by process: main (tf.data, decoding),
-helper (the shard cache's download process) and the S3 server (not ours: a real object
-store runs elsewhere). Ours is main + helper. Ratios (cold/local CPU per pair, cold and
-warm pairs/s against local) are taken within each process, then their median and spread.
+``--before``, ``--after`` reading a manifest without the shards' CRC-32Cs (downloads
+checked by sha256, as a tree before that field must read it), then ``--after``,
+alternating, when ``--before`` is given; see ``_bucket_read_passes.py``), and splits
+the CPU by process: main (tf.data, decoding), helper (the shard cache's download
+process) and the S3 server (not ours: a real object store runs elsewhere). Ours is
+main + helper. Ratios (cold/local CPU per pair, cold and warm pairs/s against local)
+are taken within each process, then their median and spread.
 
 ``--rows convert`` runs only the two convert rows. ``--before DIR`` adds
 local_before / local_after: ``tfshards convert`` into a local folder as a fresh
@@ -150,11 +152,20 @@ def read_rows(images: Path, masks: Path, tmp: Path, url: str, args: argparse.Nam
     tfshards.convert(images, masks, url, progress=False, overwrite=True)
     train = tfshards.Manifest.load(tmp / "shards").splits["train"].records
     here = Path(__file__).resolve().parents[1]
-    trees = {"before": args.before, "after": args.after or here} if args.before else {"": here}
+    after = args.after or here
+    trees = {"": (here, tmp / "shards", url)}
+    if args.before:  # a tree from before the manifest's crc32c reads a copy without it,
+        # and so does "after, sha256": the same tree checking downloads by sha256
+        sha256_only = _without_crc32c(tmp / "shards", tmp / "shards-sha256", f"{url}-sha256")
+        trees = {
+            "before": (args.before, *sha256_only),
+            "after, sha256 manifest": (after, *sha256_only),
+            "after": (after, tmp / "shards", url),
+        }
     runs: dict[str, list[dict]] = {name: [] for name in trees}
     for _ in range(args.repeats):
-        for name, tree in trees.items():
-            runs[name].append(_read_process(tree, tmp, url))
+        for name, (tree, local, remote) in trees.items():
+            runs[name].append(_read_process(tree, local, remote, tmp))
     print(
         f"{args.count} pairs ({train} in train), {args.size}x{args.size} RGB, deflate, batch "
         f"{BATCH}, float32; moto S3 server on 127.0.0.1 sharing the {os.cpu_count()} cores; "
@@ -172,13 +183,32 @@ def read_rows(images: Path, masks: Path, tmp: Path, url: str, args: argparse.Nam
     print(markdown_table(ratios))
 
 
-def _read_process(tree: Path, tmp: Path, url: str) -> dict:
+def _without_crc32c(local: Path, copy: Path, url: str) -> tuple[Path, str]:
+    """The dataset again, locally and at ``url``, its manifest without the shards'
+    ``crc32c`` (as written before tfshards recorded it)."""
+    from tfshards import storage
+
+    body = json.loads((local / "tfshards.json").read_text())
+    for split in body["splits"].values():
+        for shard in split["shards"]:
+            shard.pop("crc32c", None)
+    copy.mkdir()
+    for shard in local.iterdir():
+        if shard.name != "tfshards.json":
+            os.link(shard, copy / shard.name)
+    (copy / "tfshards.json").write_text(json.dumps(body, indent=2))
+    for shard in sorted(copy.iterdir()):
+        storage.write_bytes(f"{url}/{shard.name}", shard.read_bytes())
+    return copy, url
+
+
+def _read_process(tree: Path, local: Path, url: str, tmp: Path) -> dict:
     """One fresh process's passes (``_bucket_read_passes.py``) from ``tree``; the server's
     CPU over the process is added to its cold passes (local passes make no requests)."""
     scratch = tmp / "scratch"
     scratch.mkdir(exist_ok=True)
     script = Path(__file__).resolve().parent / "_bucket_read_passes.py"
-    command = [sys.executable, str(script), str(tmp / "shards"), url, str(scratch), "3"]
+    command = [sys.executable, str(script), str(local), url, str(scratch), "3"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     server = _server_cpu()
     done = subprocess.run(  # cwd: an older helper runs `python -m` and imports from there

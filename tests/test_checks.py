@@ -14,7 +14,7 @@ from conftest import convert_args, shard_bytes, write_pairs
 from PIL import Image
 
 import tfshards
-from tfshards import convert, verify
+from tfshards import convert, storage, verify
 from tfshards.checks.info import weights_from_pixels
 from tfshards.checks.inspect import dataset_summary, write_preview
 from tfshards.cli import main
@@ -96,14 +96,27 @@ def test_flipped_byte_with_a_matching_manifest_is_caught_by_crc(damaged):
     shard.write_bytes(gzip.compress(raw))
     body = json.loads((damaged / "tfshards.json").read_text())
     entry = body["splits"]["train"]["shards"][0]
-    entry["bytes"], entry["sha256"] = (
+    entry["bytes"], entry["sha256"], entry["crc32c"] = (
         shard.stat().st_size,
         hashlib.sha256(shard.read_bytes()).hexdigest(),
+        storage.file_digests(shard, ["crc32c"])["crc32c"],
     )
     (damaged / "tfshards.json").write_text(json.dumps(body))
     report = verify(damaged)
     assert not report.ok
     assert "CRC mismatch" in next(s for s in report.shards if not s.ok).problems[0]
+
+
+def test_a_shard_whose_crc32c_differs_from_the_manifests_is_named(damaged):
+    """The CRC-32C that bucket downloads are checked by is checked by verify as well."""
+    body = json.loads((damaged / "tfshards.json").read_text())
+    entry = body["splits"]["train"]["shards"][0]
+    assert entry["crc32c"] == storage.file_digests(damaged / entry["file"], ["crc32c"])["crc32c"]
+    entry["crc32c"] = f"{int(entry['crc32c'], 16) ^ 1:08x}"
+    (damaged / "tfshards.json").write_text(json.dumps(body))
+    bad = [s for s in verify(damaged).shards if not s.ok]
+    assert [s.file for s in bad] == [entry["file"]]
+    assert bad[0].problems == ["crc32c differs from the manifest (corrupted or replaced)"]
 
 
 def test_stray_shard_file_and_edited_manifests(damaged):

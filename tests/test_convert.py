@@ -110,8 +110,11 @@ def test_manifest_contents(tmp_path):
     for shard in train.shards:
         import hashlib
 
+        import google_crc32c
+
         data = (tmp_path / "out" / shard.file).read_bytes()
         assert len(data) == shard.bytes and hashlib.sha256(data).hexdigest() == shard.sha256
+        assert shard.crc32c == f"{google_crc32c.value(data):08x}"
     assert loaded.image == ImageInfo("deflate", channels=3, height=24, width=32)
     assert loaded.mask.encoding == "deflate" and loaded.compression.type == "none"
     assert not (tmp_path / "out" / ".tfshards-work").exists()

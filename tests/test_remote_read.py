@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -169,8 +170,16 @@ def test_two_processes_share_the_cache_and_download_each_shard_once(
     assert len(gets) == SHARDS and set(gets.values()) == {1}, gets
 
 
-def test_a_flipped_byte_is_named_and_never_read(local_dataset, s3_bucket, tmp_path, caplog):
+@pytest.mark.parametrize("checked_by", ["crc32c", "sha256"])
+def test_a_flipped_byte_is_named_and_never_read(
+    local_dataset, s3_bucket, tmp_path, caplog, checked_by
+):
     url = uploaded(local_dataset, f"{s3_bucket}/ds")
+    if checked_by == "sha256":  # a manifest written before tfshards recorded CRC-32Cs
+        body = json.loads((local_dataset / "tfshards.json").read_text())
+        for shard in body["splits"]["train"]["shards"]:
+            del shard["crc32c"]
+        storage.write_bytes(f"{url}/tfshards.json", json.dumps(body).encode())
     victim = sorted(p.name for p in local_dataset.glob("train-*.tfrecord"))[0]
     data = bytearray(s3_objects(url)[victim])
     data[len(data) // 2] ^= 0xFF
@@ -179,7 +188,7 @@ def test_a_flipped_byte_is_named_and_never_read(local_dataset, s3_bucket, tmp_pa
     options = ReadOptions(shard_cache=folder)  # the secret comes from the environment
     with caplog.at_level(logging.DEBUG, logger="tfshards"), pytest.raises(Exception) as raised:
         digests(ordered(url, options))
-    assert f"{url}/{victim}" in str(raised.value) and "sha256" in str(raised.value)
+    assert f"{url}/{victim}" in str(raised.value) and checked_by in str(raised.value)
     assert not list(folder.rglob(victim)), "the corrupt shard never reaches the cache"
     assert "attempt 1 of 2" in caplog.text  # downloaded once more before failing
     assert FAKE_SECRET not in str(raised.value) + caplog.text

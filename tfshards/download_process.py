@@ -61,12 +61,16 @@ class DownloadProcess:
             self._helper = _shared_helper()
 
     def get(
-        self, location: str, local: Path, storage_options: storage.StorageOptions = None
+        self,
+        location: str,
+        local: Path,
+        storage_options: storage.StorageOptions = None,
+        digest: str = "sha256",
     ) -> tuple[int, str]:
         """Download ``location`` into ``local`` (as ``storage.download_hashed``): its
-        ``(size, sha256)``, or what it raised. ``local`` is written in place: the caller
-        gives a temporary name and renames it once the two match what it expects."""
-        request = (location, os.fspath(local), storage_options, storage.RETRY_SECONDS)
+        ``(size, hex digest)``, or what it raised. ``local`` is written in place: the
+        caller gives a temporary name and renames it once the two match what it expects."""
+        request = (location, os.fspath(local), storage_options, digest, storage.RETRY_SECONDS)
         with self._connect(location) as connection:
             connection.send(request)
             try:
@@ -197,11 +201,11 @@ def _exit_with_parent(folder: str) -> None:
 
 def _download(connection: Connection) -> None:
     with connection:
-        location, local, storage_options, retry_seconds = connection.recv()
+        location, local, storage_options, digest, retry_seconds = connection.recv()
         storage.RETRY_SECONDS = retry_seconds  # the parent's setting; one parent, one value
         try:
             reply: tuple[int, str] | Exception = storage.download_hashed(
-                location, local, storage_options
+                location, local, storage_options, digest
             )
         except Exception as exc:  # noqa: BLE001 - sent back and raised in the caller
             reply = _portable(exc, location)

@@ -116,9 +116,12 @@ def _file_matches(path: Path | None, shard: ShardInfo, check: ShardCheck) -> boo
     if size != shard.bytes:
         check.problems.append(f"{size} bytes, manifest says {shard.bytes} (truncated or replaced)")
         return False
-    if storage.sha256_file(path) != shard.sha256:
-        check.problems.append("sha256 differs from the manifest (corrupted or replaced)")
-        return False
+    expected = {"sha256": shard.sha256, "crc32c": shard.crc32c}
+    found = storage.file_digests(path, [name for name, value in expected.items() if value])
+    for name, digest in found.items():
+        if digest != expected[name]:
+            check.problems.append(f"{name} differs from the manifest (corrupted or replaced)")
+            return False
     return True
 
 

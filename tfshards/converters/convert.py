@@ -364,7 +364,9 @@ def _manifest(
             class_pixels=pixels[:classes],
             mask_values=[value for value, count in enumerate(pixels) if count],
             ignored_pixels=ignored,
-            shards=[ShardInfo(r.file, r.records, r.bytes, r.sha256) for r in shard_results],
+            shards=[
+                ShardInfo(r.file, r.records, r.bytes, r.sha256, r.crc32c) for r in shard_results
+            ],
         )
     sizes = {size for r in results.values() for size in r.image_sizes}
     height, width = next(iter(sizes)) if len(sizes) == 1 else (None, None)

@@ -41,6 +41,7 @@ class ShardResult:
     class_pixels: list[int]
     image_sizes: list[tuple[int, int]]  # distinct (height, width), at most two kept
     skipped: list[SkippedPair] = field(default_factory=list)
+    crc32c: str | None = None  # None in a journal written before tfshards had it
 
 
 def write_shard(
@@ -114,6 +115,7 @@ def _write_file(
         records=writer.records,
         bytes=writer.bytes,
         sha256=writer.sha256,
+        crc32c=writer.crc32c,
         class_pixels=class_pixels.tolist(),
         image_sizes=sizes,
         skipped=skipped,

@@ -10,6 +10,7 @@ from types import TracebackType
 from tfshards.schemas.format import NO_COMPRESSION, index_path, temporary_path
 from tfshards.schemas.format import compression as compression_named
 from tfshards.schemas.tfrecord import frame_record
+from tfshards.storage import Crc32cDigest
 
 _BUFFER_BYTES = 4 * 2**20
 
@@ -39,6 +40,7 @@ class ShardWriter:
         self.records = 0
         self.bytes = 0
         self._sha256 = hashlib.sha256()
+        self._crc32c = Crc32cDigest()
         self._compressor = compression_named(compression).compressor(level)
         # "<offset> <length>" per record, for DALI and the tfrecord package (uncompressed only).
         self.index_path = index_path(self.path) if index else None
@@ -68,6 +70,7 @@ class ShardWriter:
         if self._pending_bytes >= _BUFFER_BYTES or (flush and self._pending):
             chunk = b"".join(self._pending)
             self._sha256.update(chunk)
+            self._crc32c.update(chunk)
             self._file.write(chunk)
             self.bytes += len(chunk)
             self._pending, self._pending_bytes = [], 0
@@ -75,6 +78,10 @@ class ShardWriter:
     @property
     def sha256(self) -> str:
         return self._sha256.hexdigest()
+
+    @property
+    def crc32c(self) -> str:
+        return self._crc32c.hexdigest()
 
     def __exit__(
         self,

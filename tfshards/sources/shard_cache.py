@@ -7,8 +7,9 @@ Layout (one folder per dataset, keyed by the sha256s of its shards)::
     <shard cache root>/<key>/.locks/<name>.lock                  flock()ed, never trusted by age
 
 A shard is downloaded to a temporary name (hashed as its bytes arrive, never read
-back), its size and sha256 compared with the manifest, and renamed into place only
-when both match; a mismatch is downloaded once more, then the read fails naming the
+back), its size and digest compared with the manifest (its CRC-32C, or the sha256 in
+a manifest older than that field: ``ShardInfo.download_digest``), and renamed into
+place only when both match; a mismatch is downloaded once more, then the read fails naming the
 object: a corrupt or truncated object never reaches training.
 
 Several processes on one host share the folder. Each shard's lock file is held
@@ -165,7 +166,7 @@ class ShardCache:
         for attempt in (1, 2):
             partial = self.folder / f"{DOWNLOAD_PREFIX}{os.getpid()}-{shard.file}"
             try:
-                size, digest = self._transfer(url, partial)
+                size, digest = self._transfer(url, partial, shard.download_digest[0])
                 self.downloads += 1
                 problem = _mismatch(size, digest, shard)
                 if problem is None:
@@ -181,11 +182,11 @@ class ShardCache:
             "Run `tfshards verify` on the dataset, or convert it again"
         )
 
-    def _transfer(self, url: str, partial: Path) -> tuple[int, str]:
-        """Copy ``url`` into ``partial``; its (size, sha256) as the bytes arrived."""
+    def _transfer(self, url: str, partial: Path, digest: str) -> tuple[int, str]:
+        """Copy ``url`` into ``partial``; its size and hex ``digest`` as the bytes arrived."""
         if storage.is_url(url):
-            return self._transfers.get(url, partial, self.storage_options)
-        return storage.download_hashed(url, partial, self.storage_options)
+            return self._transfers.get(url, partial, self.storage_options, digest)
+        return storage.download_hashed(url, partial, self.storage_options, digest)
 
     def _make_room(self, incoming: int) -> None:
         """Evict least recently used shards not in use until ``incoming`` more bytes fit."""
@@ -235,7 +236,7 @@ def _size(path: Path) -> int:
 
 
 def _complete(path: Path, shard: ShardInfo) -> bool:
-    """Present at its full size: a file reaches this name only after its sha256 matched."""
+    """Present at its full size: a file reaches this name only after its digest matched."""
     try:
         return path.stat().st_size == shard.bytes
     except FileNotFoundError:
@@ -243,11 +244,12 @@ def _complete(path: Path, shard: ShardInfo) -> bool:
 
 
 def _mismatch(size: int, digest: str, shard: ShardInfo) -> str | None:
-    """What differs between a download (its size and sha256) and the manifest's shard."""
+    """What differs between a download (its size and digest) and the manifest's shard."""
     if size != shard.bytes:
         return f"downloaded {size} bytes but the manifest says {shard.bytes}"
-    if digest != shard.sha256:
-        return f"sha256 {digest[:16]}... of the download differs from the manifest's"
+    name, expected = shard.download_digest
+    if digest != expected:
+        return f"{name} {digest[:16]} of the download differs from the manifest's {expected[:16]}"
     return None
 
 
