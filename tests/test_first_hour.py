@@ -153,7 +153,9 @@ def test_verify_on_an_unfinished_or_empty_folder_is_one_line(tmp_path, capsys):
 
 def _interrupted(images: Path, masks: Path, out: Path, when: str) -> subprocess.CompletedProcess:
     """Run the CLI in its own process group and Ctrl-C the whole group (as a terminal does)."""
-    command = [sys.executable, "-m", "tfshards.cli", *convert_args(images, masks, out)[1:]]
+    # -X faulthandler (inherited by the workers): a hang is shown with every thread's stack.
+    command = [sys.executable, "-X", "faulthandler", "-m", "tfshards.cli"]
+    command += convert_args(images, masks, out)[1:]
     process = subprocess.Popen(
         [*command, "--workers", "2", "--num-shards", "8"],
         stdout=subprocess.PIPE,
@@ -170,8 +172,28 @@ def _interrupted(images: Path, masks: Path, out: Path, when: str) -> subprocess.
     if when == "workers importing":
         time.sleep(0.3)
     os.killpg(process.pid, signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(_hung(process))
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _hung(process: subprocess.Popen) -> str:
+    """What a hung interrupted conversion was doing: the processes of its group still
+    running, then each one's threads (SIGABRT makes faulthandler print them)."""
+    group = subprocess.run(
+        ["ps", "-o", "pid,ppid,stat,wchan:20,args", "-g", str(process.pid)],
+        capture_output=True,
+        text=True,
+    ).stdout
+    os.killpg(process.pid, signal.SIGABRT)
+    try:
+        _, stderr = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+    return f"the interrupted conversion did not end within 60 s\n{group}\n{stderr}"
 
 
 @pytest.mark.parametrize("when", ["workers starting", "workers importing", "a shard done"])
