@@ -119,6 +119,32 @@ def test_a_shard_whose_crc32c_differs_from_the_manifests_is_named(damaged):
     assert bad[0].problems == ["crc32c differs from the manifest (corrupted or replaced)"]
 
 
+def test_a_manifest_without_crc32c_is_checked_by_sha256_alone(damaged):
+    """Manifests written before the field: verify passes them, and still checks the sha256."""
+    body = json.loads((damaged / "tfshards.json").read_text())
+    for split in body["splits"].values():
+        for shard in split["shards"]:
+            del shard["crc32c"]
+    (damaged / "tfshards.json").write_text(json.dumps(body))
+    assert verify(damaged).ok
+    body["splits"]["train"]["shards"][0]["sha256"] = ""
+    (damaged / "tfshards.json").write_text(json.dumps(body))
+    bad = [s for s in verify(damaged).shards if not s.ok]
+    assert len(bad) == 1 and bad[0].problems == [
+        "sha256 differs from the manifest (corrupted or replaced)"
+    ]
+
+
+@pytest.mark.parametrize("value", [123, "ABCDEF01", "abc", ""])
+def test_a_malformed_crc32c_in_the_manifest_is_named_on_load(damaged, value):
+    body = json.loads((damaged / "tfshards.json").read_text())
+    shard = body["splits"]["train"]["shards"][0]
+    shard["crc32c"] = value
+    (damaged / "tfshards.json").write_text(json.dumps(body))
+    with pytest.raises(tfshards.ManifestError, match=f"shard '{shard['file']}' crc32c"):
+        tfshards.Manifest.load(damaged)
+
+
 def test_stray_shard_file_and_edited_manifests(damaged):
     (damaged / "train-00009-of-00010.tfrecord.gz").write_bytes(b"old")
     (damaged / "README.txt").write_text("notes are fine")

@@ -223,8 +223,12 @@ def _convert_cmd(images, masks, out, *extra):
     ]
 
 
-@pytest.mark.parametrize("kill_after_shards", [0, 1, 3, 6, 9])
-def test_resume_after_kill_9_is_byte_identical(tmp_path, kill_after_shards):
+@pytest.mark.parametrize(
+    "kill_after_shards,journal",
+    [(0, "current"), (1, "current"), (3, "current"), (6, "current"), (9, "current")]
+    + [(3, "written before crc32c")],
+)
+def test_resume_after_kill_9_is_byte_identical(tmp_path, kill_after_shards, journal):
     images, masks = write_pairs(tmp_path / "data", 120, size=(96, 96), seed=2)
     reference = tmp_path / "reference"
     subprocess.run(_convert_cmd(images, masks, reference), check=True)
@@ -240,11 +244,18 @@ def test_resume_after_kill_9_is_byte_identical(tmp_path, kill_after_shards):
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the conversion finished before the kill"
     assert not (out / "tfshards.json").exists()
+    if journal == "written before crc32c":
+        for entry in done.glob("*.json"):
+            body = json.loads(entry.read_text())
+            del body["crc32c"]
+            entry.write_text(json.dumps(body))
     rerun = subprocess.run(
         _convert_cmd(images, masks, out, "--resume"), capture_output=True, text=True
     )
     assert rerun.returncode == 0, rerun.stderr
     assert shard_bytes(out) == shard_bytes(reference)
+    resumed, fresh = (Manifest.load(path).splits for path in (out, reference))
+    assert resumed == fresh  # the reused shards' crc32c included
     reused = int(rerun.stdout.split(" reused")[0].rsplit(" ", 1)[-1])
     assert reused >= kill_after_shards
 

@@ -170,6 +170,18 @@ def test_two_processes_share_the_cache_and_download_each_shard_once(
     assert len(gets) == SHARDS and set(gets.values()) == {1}, gets
 
 
+def test_a_manifest_without_crc32c_is_read_with_downloads_checked_by_sha256(
+    local_dataset, s3_bucket, tmp_path
+):
+    url = uploaded(local_dataset, f"{s3_bucket}/ds")
+    body = json.loads((local_dataset / "tfshards.json").read_text())
+    for shard in body["splits"]["train"]["shards"]:
+        del shard["crc32c"]
+    storage.write_bytes(f"{url}/tfshards.json", json.dumps(body).encode())
+    options = ReadOptions(shard_cache=tmp_path / "shards")
+    assert digests(ordered(url, options)) == digests(ordered(local_dataset, options))
+
+
 @pytest.mark.parametrize("checked_by", ["crc32c", "sha256"])
 def test_a_flipped_byte_is_named_and_never_read(
     local_dataset, s3_bucket, tmp_path, caplog, checked_by

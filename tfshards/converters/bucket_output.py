@@ -7,7 +7,8 @@ record, publish), for an object store, which has no rename and no lock:
   uploaded whole (``shard_job.write_shard``); an object appears complete or not at all;
 - ``prefix/.tfshards-work/job.json`` holds the job's fingerprint, and one
   ``prefix/.tfshards-work/done/<shard>.json`` per uploaded shard its result (records,
-  size, sha256) and the object's version token (ETag or generation) after the upload;
+  size, sha256, CRC-32C) and the object's version token (ETag or generation) after the
+  upload;
 - ``--resume`` keeps a journaled shard when its object is there with the journaled
   size and version token, and uploads only the rest;
 - the manifest is uploaded last, so a prefix without ``tfshards.json`` is never a

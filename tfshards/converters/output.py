@@ -26,9 +26,10 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from tfshards import storage
 from tfshards.converters.shard_job import ShardResult
 from tfshards.errors import OutputError
 from tfshards.schemas.format import (
@@ -164,7 +165,7 @@ class OutputFolder:
             result = result_from_json(json.loads(record.read_text()))
             shard = self.path / result.file
             if shard.is_file() and shard.stat().st_size == result.bytes:
-                done[result.file] = result
+                done[result.file] = _with_crc32c(result, shard)
         return done
 
     def record(self, result: ShardResult) -> None:
@@ -221,6 +222,14 @@ def write_json_atomic(path: Path, body: dict) -> None:
     tmp = temporary_path(path)
     tmp.write_text(json.dumps(body))
     os.replace(tmp, path)
+
+
+def _with_crc32c(result: ShardResult, shard: Path) -> ShardResult:
+    """A result journaled before tfshards recorded CRC-32Cs, completed from its file (so
+    a resumed conversion writes the manifest a fresh one would)."""
+    if result.crc32c is not None:
+        return result
+    return replace(result, crc32c=storage.file_digests(shard, ["crc32c"])["crc32c"])
 
 
 def result_from_json(body: dict) -> ShardResult:

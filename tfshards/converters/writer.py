@@ -20,8 +20,8 @@ class ShardWriter:
 
     The file is built as ``.<name>.tmp``, fsynced, then renamed; on an
     exception the temporary file is removed, so a shard name on disk always
-    means a complete shard. The sha256 and size of the final bytes are
-    computed while writing.
+    means a complete shard. The size, sha256 and CRC-32C of the final bytes
+    are computed while writing.
 
     >>> with ShardWriter(Path("train-00000-of-00001.tfrecord.gz"), compression="gzip") as w:
     ...     w.write(example_bytes)  # doctest: +SKIP

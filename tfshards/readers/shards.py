@@ -65,7 +65,7 @@ def split_shards(
     """Shards of ``split`` for input pipeline ``(index, count)``, with sizes checked.
 
     Local sizes are compared with the manifest at open (cheap); hashes are checked
-    by ``tfshards verify``. Remote shards are checked (size and sha256) as they are
+    by ``tfshards verify``. Remote shards are checked (size and CRC-32C or sha256) as they are
     downloaded into the shard cache.
     """
     root = str(root).rstrip("/") if storage.is_url(root) else Path(root).resolve()

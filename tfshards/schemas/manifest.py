@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from tfshards.schemas.record import SCHEMA_VERSION, schema_description
 from tfshards.storage import Location, StorageOptions
 
 FORMAT_NAME = "tfshards"
+_CRC32C = re.compile(r"[0-9a-f]{8}")
 
 
 @dataclass(frozen=True)
@@ -111,14 +113,25 @@ class ShardInfo:
     records: int
     bytes: int
     sha256: str
-    crc32c: str | None = None  # hex; absent in manifests written before tfshards had it
+    crc32c: str | None = None  # 8 hex digits; absent in manifests written before it
+
+    def __post_init__(self) -> None:
+        _check(
+            f"shard {self.file!r} crc32c",
+            self.crc32c,
+            self.crc32c is None or bool(_CRC32C.fullmatch(str(self.crc32c))),
+            "8 lower-case hex digits",
+        )
 
     @property
     def download_digest(self) -> tuple[str, str]:
         """The digest a downloaded copy is checked against, ``(name, hex)``: the CRC-32C
-        where the manifest holds one (about a tenth of sha256's CPU; what GCS and S3
-        check objects with), else the sha256. ``tfshards verify`` checks both."""
-        return ("crc32c", self.crc32c) if self.crc32c else ("sha256", self.sha256)
+        where the manifest holds one and google-crc32c runs its C code
+        (``storage.Crc32cDigest``: a fraction of sha256's CPU), else the sha256.
+        ``tfshards verify`` checks both."""
+        if self.crc32c is None or not storage.NATIVE_CRC32C:
+            return ("sha256", self.sha256)
+        return ("crc32c", self.crc32c)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ log = logging.getLogger("tfshards")
 
 
 class ShardCheckError(TfshardsError):
-    """A downloaded shard does not match the manifest's size and sha256."""
+    """A downloaded shard does not match the manifest's size and digest."""
 
 
 def shard_cache_key(manifest: Manifest) -> str:
