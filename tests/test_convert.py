@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 import pytest
 from conftest import MEMBRANE, convert_args, read_records, shard_bytes, write_pairs
@@ -108,10 +110,6 @@ def test_manifest_contents(tmp_path):
     assert sum(sum(split.class_pixels) for split in loaded.splits.values()) == 30 * 24 * 32
     assert len(train.class_pixels) == 3
     for shard in train.shards:
-        import hashlib
-
-        import google_crc32c
-
         data = (tmp_path / "out" / shard.file).read_bytes()
         assert len(data) == shard.bytes and hashlib.sha256(data).hexdigest() == shard.sha256
         assert shard.crc32c == f"{google_crc32c.value(data):08x}"

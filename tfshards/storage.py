@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 import google_crc32c
 
@@ -425,6 +425,14 @@ def get(location: Location, local: Location, storage_options: StorageOptions = N
         tmp.unlink(missing_ok=True)
 
 
+class RunningDigest(Protocol):
+    """What a download is hashed with: hashlib's interface."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
 class Crc32cDigest(google_crc32c.Checksum):
     """CRC-32C with hashlib's interface (``update``, ``hexdigest`` as str): a whole-file
     check at 15-20x sha256's speed here (google-crc32c's hardware CRC: 21 GB/s against
@@ -436,7 +444,7 @@ class Crc32cDigest(google_crc32c.Checksum):
         return super().hexdigest().decode()
 
 
-DIGESTS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "crc32c": Crc32cDigest}
+DIGESTS: dict[str, Callable[[], RunningDigest]] = {"sha256": hashlib.sha256, "crc32c": Crc32cDigest}
 # google-crc32c's pure-Python fallback is far slower than sha256: downloads then use sha256.
 NATIVE_CRC32C = google_crc32c.implementation == "c"
 
@@ -492,7 +500,9 @@ def _download_options(location: str, storage_options: StorageOptions) -> Storage
     return options
 
 
-async def _s3_body_hashed(fs: Any, path: str, local: Location, digest: Any) -> tuple[int, str]:
+async def _s3_body_hashed(
+    fs: Any, path: str, local: Location, digest: RunningDigest
+) -> tuple[int, str]:
     """One GET of an S3 object, its body streamed into ``local`` and hashed on the way."""
     bucket, key, version = fs.split_path(path)
     extra = {"VersionId": version} if version else {}
@@ -510,7 +520,9 @@ async def _s3_body_hashed(fs: Any, path: str, local: Location, digest: Any) -> t
         body.close()
 
 
-def _copy_hashed(read: Callable[[], bytes], local: Location, digest: Any) -> tuple[int, str]:
+def _copy_hashed(
+    read: Callable[[], bytes], local: Location, digest: RunningDigest
+) -> tuple[int, str]:
     size = 0
     with open(local, "wb") as target:
         while chunk := read():

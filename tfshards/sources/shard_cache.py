@@ -9,8 +9,8 @@ Layout (one folder per dataset, keyed by the sha256s of its shards)::
 A shard is downloaded to a temporary name (hashed as its bytes arrive, never read
 back), its size and digest compared with the manifest (its CRC-32C, or the sha256 in
 a manifest older than that field: ``ShardInfo.download_digest``), and renamed into
-place only when both match; a mismatch is downloaded once more, then the read fails naming the
-object: a corrupt or truncated object never reaches training.
+place only when both match; a mismatch is downloaded once more, then the read fails
+naming the object: a corrupt or truncated object never reaches training.
 
 Several processes on one host share the folder. Each shard's lock file is held
 exclusively while it is downloaded (others wait, then find it present: one
