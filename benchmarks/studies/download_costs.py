@@ -4,8 +4,8 @@ A one-off study, kept for the decision it backs (not a benchmark to rerun):
 Decision: Downloads from a bucket are checked by the shard's CRC-32C (the manifest's
 ``crc32c``), not its sha256, and streamed with botocore's body in 4 MiB reads
 (``storage.download_hashed``).
-Run: 2026-12-05. Recorded result (client CPU ms per 142 KB pair, medians of 3, user +
-system): the download as shipped 0.088 + 0.110; without writing the file 0.065 + 0.027;
+Run: 2026-12-05. Recorded result: client CPU ms per 142 KB pair, medians of 3, user +
+system: the download as shipped 0.088 + 0.110; without writing the file 0.065 + 0.027;
 without the check 0.067 + 0.095; aiohttp's ``iter_any`` 0.110 + 0.105; 1 MiB reads
 0.074 + 0.113; 16 MiB reads 0.086 + 0.105. Hashing 4 MiB: sha256 1.43 GB/s, CRC-32C
 21.4 GB/s (an earlier ad-hoc run with two busy loops beside it: 0.51 and 5.7).
