@@ -48,7 +48,7 @@ def test_storage_on_memory_urls(tmp_path):
     (tmp_path / "up.bin").write_bytes(b"x" * 1000)
     storage.put(tmp_path / "up.bin", f"{root}/up.bin")
     storage.get(f"{root}/up.bin", tmp_path / "down.bin")
-    assert storage.sha256_file(tmp_path / "down.bin") == storage.sha256_file(tmp_path / "up.bin")
+    assert storage.file_digests(tmp_path / "down.bin") == storage.file_digests(tmp_path / "up.bin")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["down.bin", "up.bin"]  # no temporary
     storage.remove(f"{root}/sub", recursive=True)
     storage.remove(f"{root}/never-there")  # no error
@@ -591,5 +591,5 @@ def test_the_download_helper_imports_this_tfshards_not_one_in_the_working_folder
     source = tmp_path / "object.bin"
     source.write_bytes(b"shard bytes" * 1000)
     size, digest = download_process.DownloadProcess().get(str(source), tmp_path / "copy")
-    assert (size, digest) == (11000, storage.sha256_file(source))
+    assert (size, digest) == (11000, storage.file_digests(source)["sha256"])
     assert (tmp_path / "copy").read_bytes() == source.read_bytes()

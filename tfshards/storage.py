@@ -592,7 +592,3 @@ def file_digests(local: Location, digests: Sequence[str] = ("sha256",)) -> dict[
                 digest.update(chunk)
     return {name: digest.hexdigest() for name, digest in running.items()}
 
-
-def sha256_file(local: Location) -> str:
-    """The sha256 of a local file."""
-    return file_digests(local)["sha256"]
