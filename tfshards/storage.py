@@ -591,4 +591,3 @@ def file_digests(local: Location, digests: Sequence[str] = ("sha256",)) -> dict[
             for digest in running.values():
                 digest.update(chunk)
     return {name: digest.hexdigest() for name, digest in running.items()}
-
