@@ -144,3 +144,105 @@ def test_an_augment_function_with_python_control_flow_is_converted_by_autograph(
 
     dataset = tfshards.read(small, batch_size=4, seed=0, augment=flip_sometimes)
     assert pairs_in(dataset) == 10
+
+
+def _pairs(dataset) -> list[tuple]:
+    return [(image.numpy(), mask.numpy()) for image, mask in dataset]
+
+
+def _same(left: list[tuple], right: list[tuple]) -> bool:
+    return len(left) == len(right) and all(
+        (a == c).all() and (b == d).all() for (a, b), (c, d) in zip(left, right, strict=True)
+    )
+
+
+def _publisher_fsync(monkeypatch, publishing_fsync) -> None:
+    """os.fsync calls from the cache's publishing thread go to ``publishing_fsync``."""
+    from tfshards.readers.cache import store
+
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if threading.current_thread().name == "tfshards-cache-publish":
+            publishing_fsync(fd)
+        real(fd)
+
+    monkeypatch.setattr(store.os, "fsync", fsync)
+
+
+def test_the_epoch_that_builds_the_cache_does_not_wait_for_the_disk(small, tmp_path, monkeypatch):
+    entered, released = threading.Event(), threading.Event()
+
+    def slow_disk(fd: int) -> None:
+        entered.set()
+        released.wait(60)
+
+    _publisher_fsync(monkeypatch, slow_disk)
+    cache = tmp_path / "cache"
+    stream = tfshards.read(small, batch_size=4, seed=0)
+    streamed = [_pairs(stream), _pairs(stream)]  # epochs 0 and 1
+    dataset = tfshards.read(small, batch_size=4, seed=0, cache=cache)
+    built = _pairs(dataset)  # returns while the fsync before publishing still waits
+    assert entered.wait(30) and not released.is_set()
+    assert not list(cache.rglob("ready")), "published before it was on disk"
+    read_again = _pairs(dataset)  # the second epoch, from the building files
+    assert not list(cache.rglob("ready"))
+    released.set()
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]  # waits for it
+    from_disk = _pairs(tfshards.read(small, batch_size=4, seed=0, cache=cache))
+    assert _same(streamed[0], built) and _same(streamed[1], read_again)
+    assert _same(streamed[0], from_disk)
+
+
+def test_a_build_whose_fsync_fails_is_not_published_and_is_read_on(
+    small, tmp_path, monkeypatch, caplog
+):
+    import errno
+
+    def failing_disk(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    _publisher_fsync(monkeypatch, failing_disk)
+    cache = tmp_path / "cache"
+    stream = tfshards.read(small, batch_size=4, seed=0)
+    streamed = [_pairs(stream), _pairs(stream)]  # epochs 0 and 1
+    dataset = tfshards.read(small, batch_size=4, seed=0, cache=cache)
+    with caplog.at_level("WARNING", logger="tfshards"):
+        built = _pairs(dataset)
+        assert [e.state for e in tfshards.list_caches(cache)] == ["incomplete"]
+    assert "not published: writing it to disk failed (Input/output error)" in caplog.text
+    assert not list(cache.rglob(".building-*")), "the unpublished build is removed"
+    assert _same(streamed[0], built) and _same(streamed[1], _pairs(dataset))
+    del dataset
+    gc.collect()
+    assert open_files_under(cache) == []
+    monkeypatch.undo()  # the disk works again: the next read builds and publishes it
+    assert _same(streamed[0], _pairs(tfshards.read(small, batch_size=4, seed=0, cache=cache)))
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+
+
+def test_a_program_that_ends_after_the_build_waits_for_it_to_be_published(small, tmp_path):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    script = f"""
+import os, threading, time
+import tfshards
+real = os.fsync
+def slow_disk(fd):
+    if threading.current_thread().name == "tfshards-cache-publish":
+        time.sleep(2)
+    real(fd)
+os.fsync = slow_disk
+dataset = tfshards.read({str(small)!r}, batch_size=4, seed=0, cache={str(cache)!r})
+for _ in dataset:
+    pass
+print("epoch done", flush=True)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "epoch done" in done.stdout
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]

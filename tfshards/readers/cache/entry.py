@@ -15,7 +15,10 @@ pipeline, image size, channels, cache format), so a stale entry is never read.
 Locking without lockfiles: a build writes into its own ``.building-*`` folder,
 fsyncs it and renames it to ``ready``; the first rename wins and the others
 discard theirs. A crash or ``kill -9`` leaves a building folder that nobody
-reads, removed by the next process on the host once its owner is gone.
+reads, removed by the next process on the host once its owner is gone. The fsync and
+rename of a finished build may run in the background (store.py's ``Publisher``): this
+process's own listings and reads wait for them (``wait_for_publishing``), so it never
+sees a build it finished as missing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +50,9 @@ INFO_FILE = "info.json"
 READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"
 log = logging.getLogger("tfshards")
+# Entries whose finished build this process is putting on disk: entry folder -> thread.
+_publishing: dict[Path, threading.Thread] = {}
+_publishing_lock = threading.Lock()
 
 
 class CacheSpaceError(TfshardsError):
@@ -201,6 +208,7 @@ class DiskCache:
 
     def prepare(self, stored_bytes: int) -> None:
         """Make the entry's folder; refuse if building it would not fit on disk."""
+        wait_for_publishing(self.folder)  # a build this process finished is read, not redone
         if self.is_ready():
             log.info("reading the disk cache %s (no decoding)", self.folder)
             return
@@ -222,6 +230,26 @@ class DiskCache:
                 "free space, pass cache='other/folder/', or cache=None to stream"
             )
         log.info("building the disk cache in %s while the first epoch streams", self.folder)
+
+
+def publishing(entry: Path, thread: threading.Thread) -> None:
+    """Note that ``thread`` (started) is publishing ``entry``'s finished build."""
+    with _publishing_lock:
+        _publishing[entry] = thread
+
+
+def wait_for_publishing(entry: Path | None = None) -> None:
+    """Return once this process has published (or given up on) the finished build of
+    ``entry``, or of every entry when None: bounded by the disk writing what is left."""
+    with _publishing_lock:
+        threads = [t for folder, t in _publishing.items() if entry in (None, folder)]
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join()
+    with _publishing_lock:
+        for folder, thread in list(_publishing.items()):
+            if not thread.is_alive():
+                del _publishing[folder]
 
 
 def _fingerprint(shards: SplitShards, shape: Shape, pipeline: tuple[int, int], files: str) -> str:
@@ -285,7 +313,9 @@ class CacheEntry:
 def list_caches(root: str | os.PathLike) -> list[CacheEntry]:
     """Cache entries under a cache root, a dataset folder (its cache folder beside the
     shards and, for a read-only folder, the one under the user cache folder), or a
-    dataset's URL (its decoded cache under the user cache folder)."""
+    dataset's URL (its decoded cache under the user cache folder); builds this process
+    finished are listed once published."""
+    wait_for_publishing()
     entries = []
     for folder in _cache_roots_of(root):
         if not folder.is_dir():
