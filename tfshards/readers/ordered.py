@@ -27,6 +27,7 @@ import tensorflow as tf
 from tfshards.readers.cache.store import PairStore
 from tfshards.readers.exit_guard import guarded
 from tfshards.readers.order import BatchSchedule, EpochOrder
+from tfshards.readers.recycled import RecycledArrays
 from tfshards.sources.pixel_batches import PixelBatches, batches_of
 from tfshards.sources.records import SplitRecords
 
@@ -71,6 +72,7 @@ class OrderedReader:
     identity: dict  # what a saved state must match (see resume.py)
     downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
     pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
+    mask_buffers: RecycledArrays | None = None  # the int32 masks delivered (fetch)
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -84,7 +86,7 @@ class OrderedReader:
         store = self.store
         if store is not None and store.ready:
             images, masks = store.read(indices)
-            return indices, NO_RECORDS, True, _shared(images), _shared(masks)
+            return indices, NO_RECORDS, True, _shared(images), self._wide(masks)
         if self.pixels is not None:
             located = self.records.located
             images, masks, _ = self.pixels.read(
@@ -92,11 +94,21 @@ class OrderedReader:
             )
             if store is not None:  # being built: kept before the batch is delivered
                 store.write(indices, images, masks)
-            return indices, NO_RECORDS, True, _shared(images), _shared(masks)
+            return indices, NO_RECORDS, True, _shared(images), self._wide(masks)
         records = self.records.read(indices)
         height, width, channels = self.shape
         empty = np.zeros((0, height, width, channels), np.uint8)
-        return indices, records, False, empty, empty[..., :1]
+        return indices, records, False, empty, np.zeros((0, height, width, 1), np.int32)
+
+    def _wide(self, masks: np.ndarray) -> tf.Tensor:
+        """uint8 masks as the int32 tensor read() delivers, in a recycled array (see
+        recycled.py); the finishing cast is then a no-op."""
+        if self.mask_buffers is None:
+            rows = (self.schedule.batch_size, *self.shape[:2], 1)
+            self.mask_buffers = RecycledArrays(rows, np.int32)
+        out = self.mask_buffers.take(len(masks))
+        np.copyto(out, masks.reshape(out.shape), casting="unsafe")
+        return _shared(out)
 
     def prefetch(self, step: tf.Tensor) -> int:
         """py_function body: the shards of a step's records made local (URL, gzip/zlib)."""
@@ -106,7 +118,7 @@ class OrderedReader:
     def keep(self, indices, images, masks) -> bool:
         """py_function body: pairs TensorFlow decoded into the store while it is built."""
         if self.store is not None and not self.store.ready:
-            self.store.write(indices.numpy(), images.numpy(), masks.numpy())
+            self.store.write(indices.numpy(), images.numpy(), masks.numpy().astype(np.uint8))
         return True
 
 
@@ -178,7 +190,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
 
     def load(step: tf.Tensor):
         indices, records, decoded, images, masks = tf.py_function(
-            fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.uint8]
+            fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.int32]
         )
         image = tf.ensure_shape(images, [None, *shape])
         mask = tf.ensure_shape(masks, [None, *shape[:2], 1])
@@ -186,7 +198,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
             image, mask = tf.cond(
                 tf.ensure_shape(decoded, []),
                 lambda: (image, mask),
-                lambda: decode(tf.ensure_shape(records, [None])),
+                lambda: _wide_mask(*decode(tf.ensure_shape(records, [None]))),
             )
         if keeps_decoded:
             kept = tf.py_function(keep, [indices, image, mask], tf.bool)
@@ -290,3 +302,8 @@ def _per_pair(finish, shape):
         return tf.map_fn(lambda pair: finish(*pair), (images, masks), fn_output_signature=signature)
 
     return per_pair
+
+
+def _wide_mask(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """TensorFlow's decoded pair with the int32 mask fetch delivers."""
+    return image, tf.cast(mask, tf.int32)
