@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfshards.readers.cache.store import PairStore
+from tfshards.readers.decode import float_image_into
 from tfshards.readers.exit_guard import guarded
 from tfshards.readers.order import BatchSchedule, EpochOrder
 from tfshards.readers.recycled import RecycledArrays
@@ -72,7 +73,8 @@ class OrderedReader:
     identity: dict  # what a saved state must match (see resume.py)
     downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
     pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
-    mask_buffers: RecycledArrays | None = None  # the int32 masks delivered (fetch)
+    mask_buffers: RecycledArrays | None = None  # the int32 masks fetch delivers
+    image_buffers: RecycledArrays | None = None  # float32 images made in fetch; None: uint8
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -100,12 +102,18 @@ class OrderedReader:
         empty = np.zeros((0, height, width, channels), np.uint8)
         return indices, records, False, empty, np.zeros((0, height, width, 1), np.int32)
 
+    def floats(self, images: tf.Tensor) -> tf.Tensor:
+        """py_function body: a batch's uint8 images as float32, in a recycled array (the
+        finishing conversion then skips them). Made here, after the fetch's parallel map,
+        so as many float batches are held as when TensorFlow converted them."""
+        pixels = images.numpy()
+        out = self.image_buffers.take(len(pixels))
+        float_image_into(pixels, out)
+        return _shared(out)
+
     def _wide(self, masks: np.ndarray) -> tf.Tensor:
         """uint8 masks as the int32 tensor read() delivers, in a recycled array (see
         recycled.py); the finishing cast is then a no-op."""
-        if self.mask_buffers is None:
-            rows = (self.schedule.batch_size, *self.shape[:2], 1)
-            self.mask_buffers = RecycledArrays(rows, np.int32)
         out = self.mask_buffers.take(len(masks))
         np.copyto(out, masks.reshape(out.shape), casting="unsafe")
         return _shared(out)
@@ -218,8 +226,11 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
     finish = finishing.finish
     if finishing.per_pair_augment:  # a function of one pair: mapped over the batch
         finish = _per_pair(finish, plan.shape)
+    floats = None if reader.image_buffers is None else _body(reader, "floats")
 
     def finished(step, image, mask):
+        if floats is not None:
+            image = tf.ensure_shape(tf.py_function(floats, [image], tf.float32), image.shape)
         image, mask = finish(image, mask)
         if finishing.layer is not None:
             image, mask = finishing.layer(image, mask, step)
@@ -268,7 +279,20 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         identity,
         0 if local else plan.options.download_ahead,
         pixels,
+        *delivered_buffers(plan, schedule.batch_size),
     )
+
+
+def delivered_buffers(plan, batch_size: int) -> tuple[RecycledArrays, RecycledArrays | None]:
+    """Recycled arrays for the int32 masks fetch delivers, and for float32 images when
+    read() delivers float32 and no per-pair augment needs them uint8. A 512x512 float32
+    batch of 32 is 96 MiB: two kept spare at most."""
+    height, width, channels = plan.shape
+    masks = RecycledArrays((batch_size, height, width, 1), np.int32)
+    finishing = plan.finishing
+    floats = finishing.image_dtype == "float32" and not finishing.per_pair_augment
+    shape = (batch_size, height, width, channels)
+    return masks, RecycledArrays(shape, np.float32, spare=1) if floats else None
 
 
 def batch_decoder(decoder):

@@ -71,6 +71,7 @@ class Finishing:
     finish: Finish
     per_pair_augment: bool
     layer: Finish | None
+    image_dtype: str = "float32"  # what ``finish`` delivers: "float32" or "uint8"
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,9 @@ def _finishing(
     """A Keras layer runs on whole finished batches (then one-hot); a function per pair."""
     if is_keras_layer(augment):
         layer = layer_augmenter(augment, shards, one_hot, image_dtype, seed)
-        return Finishing(finisher(shards, image_dtype, None, False), False, layer)
-    return Finishing(finisher(shards, image_dtype, augment, one_hot), augment is not None, None)
+        return Finishing(finisher(shards, image_dtype, None, False), False, layer, image_dtype)
+    finish = finisher(shards, image_dtype, augment, one_hot)
+    return Finishing(finish, augment is not None, None, image_dtype)
 
 
 def _check_arguments(
