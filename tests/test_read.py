@@ -170,15 +170,23 @@ def test_float_images_are_value_over_255_bit_for_bit(dataset):
         assert np.array_equal(f.numpy(), u.numpy().astype(np.float32) * np.float32(1 / 255))
 
 
+@pytest.mark.parametrize("recycled_floats", [True, False])
 @pytest.mark.parametrize("cache", [False, "memory"])
-def test_float_batches_held_at_once_keep_their_pixels(dataset, cache):
-    """Float32 images and int32 masks are written into recycled arrays: a batch still
-    held must never be overwritten by a later one."""
+def test_float_batches_held_at_once_keep_their_pixels(dataset, cache, recycled_floats, monkeypatch):
+    """Images and masks are read and delivered in recycled arrays (float32 images only
+    when a batch of them is large: forced here): a batch still held must never be
+    overwritten by a later one."""
+    from tfshards.readers import recycled
+
+    if recycled_floats:
+        monkeypatch.setattr(recycled, "MALLOC_MMAP_THRESHOLD_MAX", 0)
     as_float = tfshards.read(dataset, batch_size=4, seed=3, cache=cache)
+    assert (as_float._tfshards_reader.image_buffers is not None) == recycled_floats
     as_uint8 = tfshards.read(dataset, batch_size=4, seed=3, cache=cache, image_dtype="uint8")
     for _ in range(2):  # the second epoch of a cache reads from the store
-        held = list(as_float)
-        for (f, fm), (u, um) in zip(held, as_uint8, strict=True):
+        held, held_uint8 = list(as_float), list(as_uint8)
+        assert len(held) == len(held_uint8) > 2
+        for (f, fm), (u, um) in zip(held, held_uint8, strict=True):
             assert np.array_equal(f.numpy(), u.numpy().astype(np.float32) * np.float32(1 / 255))
             assert np.array_equal(fm.numpy(), um.numpy())
 
