@@ -161,7 +161,7 @@ def test_float_images_are_value_over_255_bit_for_bit(dataset):
     expected = every.astype(np.float32) * np.float32(1.0 / 255.0)
     assert np.array_equal(to_float_image(tf.constant(every)).numpy(), expected)
     in_numpy = np.full(every.shape, np.nan, np.float32)
-    float_image_into(every, in_numpy)  # the ordered reader's fetch (raw/deflate)
+    float_image_into(every, in_numpy)  # the ordered reader's conversion of large batches
     assert np.array_equal(in_numpy, expected)
     as_float = tfshards.read(dataset, batch_size=4, shuffle=False)
     as_uint8 = tfshards.read(dataset, batch_size=4, shuffle=False, image_dtype="uint8")
@@ -173,9 +173,9 @@ def test_float_images_are_value_over_255_bit_for_bit(dataset):
 @pytest.mark.parametrize("recycled_floats", [True, False])
 @pytest.mark.parametrize("cache", [False, "memory"])
 def test_float_batches_held_at_once_keep_their_pixels(dataset, cache, recycled_floats, monkeypatch):
-    """Images and masks are read and delivered in recycled arrays (float32 images only
-    when a batch of them is large: forced here): a batch still held must never be
-    overwritten by a later one."""
+    """int32 masks, and float32 images when a batch of them is large (forced here), are
+    delivered in recycled arrays: a batch still held must never be overwritten by a
+    later one."""
     from tfshards.readers import recycled
 
     if recycled_floats:
@@ -189,6 +189,29 @@ def test_float_batches_held_at_once_keep_their_pixels(dataset, cache, recycled_f
         for (f, fm), (u, um) in zip(held, held_uint8, strict=True):
             assert np.array_equal(f.numpy(), u.numpy().astype(np.float32) * np.float32(1 / 255))
             assert np.array_equal(fm.numpy(), um.numpy())
+
+
+@pytest.mark.parametrize("image_dtype", ["uint8", "float32"])
+@pytest.mark.parametrize("cache", ["disk", "memory"])
+def test_a_cache_built_from_png_records_delivers_what_streaming_does(tmp_path, cache, image_dtype):
+    """PNG records are decoded by TensorFlow and kept by the store as uint8 while the
+    cache is built: the building epoch and the next one (read from the store) deliver
+    the stream's batches, masks as int32."""
+    images, masks = write_pairs(tmp_path / "data", 12, size=(16, 20), classes=3)
+    png = tmp_path / "png"
+    convert(images, masks, png, encoding="png", num_classes=3, workers=1, progress=False)
+    where = tmp_path / "cache" if cache == "disk" else "memory"
+    options = dict(batch_size=4, seed=5, image_dtype=image_dtype)
+    stream = tfshards.read(png, **options)
+    cached = tfshards.read(png, cache=where, **options)
+    for _ in range(2):  # the building epoch, then the store's: each the stream's epoch
+        batches, streamed = list(cached), list(stream)
+        assert len(batches) == len(streamed) == 3
+        for (image, mask), (want_image, want_mask) in zip(batches, streamed, strict=True):
+            assert mask.dtype.name == "int32"
+            assert np.array_equal(image.numpy(), want_image.numpy())
+            assert np.array_equal(mask.numpy(), want_mask.numpy())
+    assert cached._tfshards_reader.store.ready
 
 
 def test_keras_fit_evaluate_predict_without_steps(dataset):

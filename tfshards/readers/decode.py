@@ -263,7 +263,8 @@ def finisher(
     shards: SplitShards, image_dtype: str, augment: Augment | None, one_hot: bool
 ) -> Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
     """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot. Images
-    already float32 (the ordered reader makes them so in its fetch) are left as they are."""
+    already float32 (the ordered reader converts large batches itself) are left as they
+    are."""
     encode = one_hot_encoder(shards) if one_hot else None
 
     def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -73,10 +73,10 @@ class OrderedReader:
     cursor: Cursor
     shape: tuple[int, int, int]
     identity: dict  # what a saved state must match (see resume.py)
+    mask_buffers: RecycledArrays  # the int32 masks fetch delivers
+    image_buffers: RecycledArrays | None  # float32 images made by ``floats``; None: by TF
     downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
     pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
-    mask_buffers: RecycledArrays | None = None  # the int32 masks fetch delivers
-    image_buffers: RecycledArrays | None = None  # float32 images made in fetch; None: uint8
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -128,7 +128,7 @@ class OrderedReader:
     def keep(self, indices, images, masks) -> bool:
         """py_function body: pairs TensorFlow decoded into the store while it is built."""
         if self.store is not None and not self.store.ready:
-            self.store.write(indices.numpy(), images.numpy(), masks.numpy().astype(np.uint8))
+            self.store.write(indices.numpy(), images.numpy(), masks.numpy())
         return True
 
 
@@ -204,16 +204,19 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
         )
         image = tf.ensure_shape(images, [None, *shape])
         mask = tf.ensure_shape(masks, [None, *shape[:2], 1])
-        if tf_decodes:  # PNG/JPEG or records to resize
+
+        def decoded_by_tensorflow():  # PNG/JPEG or records to resize
+            image, mask = decode(tf.ensure_shape(records, [None]))
+            if keeps_decoded:  # the store keeps uint8 masks: before the cast
+                kept = tf.py_function(keep, [indices, image, mask], tf.bool)
+                with tf.control_dependencies([kept]):
+                    image, mask = tf.identity(image), tf.identity(mask)
+            return image, tf.cast(mask, tf.int32)  # as fetch delivers them
+
+        if tf_decodes:
             image, mask = tf.cond(
-                tf.ensure_shape(decoded, []),
-                lambda: (image, mask),
-                lambda: _wide_mask(*decode(tf.ensure_shape(records, [None]))),
+                tf.ensure_shape(decoded, []), lambda: (image, mask), decoded_by_tensorflow
             )
-        if keeps_decoded:
-            kept = tf.py_function(keep, [indices, image, mask], tf.bool)
-            with tf.control_dependencies([kept]):
-                image, mask = tf.identity(image), tf.identity(mask)
         return step, image, mask
 
     return steps.map(load, num_parallel_calls=AUTOTUNE, deterministic=True)
@@ -279,9 +282,9 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         Cursor(step, per_iteration),
         plan.shape,
         identity,
+        *delivered_buffers(plan, schedule.batch_size),
         0 if local else plan.options.download_ahead,
         pixels,
-        *delivered_buffers(plan, schedule.batch_size),
     )
 
 
@@ -334,8 +337,3 @@ def _per_pair(finish, shape):
         return tf.map_fn(lambda pair: finish(*pair), (images, masks), fn_output_signature=signature)
 
     return per_pair
-
-
-def _wide_mask(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """TensorFlow's decoded pair with the int32 mask fetch delivers."""
-    return image, tf.cast(mask, tf.int32)
