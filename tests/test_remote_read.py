@@ -222,6 +222,48 @@ def test_shard_check_error_is_raised_by_the_cache_itself(local_dataset, s3_bucke
     assert cache.downloads == 2
 
 
+def test_waiting_for_a_download_never_waits_for_a_reader_of_the_shard(
+    local_dataset, tmp_path, monkeypatch
+):
+    """Two threads find a shard missing at once: one fetches it (and keeps it open, as a
+    reader does), the other makes it present for a later read. The second must return
+    while the first still holds the shard; it once waited for that reader to let go,
+    and the reader, which needed it, hung (a hang seen in CI)."""
+    from tfshards.sources import shard_cache as module
+
+    shard = tfshards.Manifest.load(local_dataset).splits["train"].shards[0]
+    cache = module.ShardCache(tmp_path / "c", os.fspath(local_dataset))
+    both_looked = threading.Barrier(2, timeout=20)
+    looked: set[str] = set()
+    complete = module._complete
+
+    def looks_together(path: Path, info) -> bool:
+        found = complete(path, info)
+        name = threading.current_thread().name
+        if name not in looked:  # each thread's first look: both see it missing
+            looked.add(name)
+            both_looked.wait()
+            if name == "fetch":
+                # ensure() asks for the shard first, so fetch() gets it and downloads
+                time.sleep(0.3)
+        return found
+
+    monkeypatch.setattr(module, "_complete", looks_together)
+    fetched: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: fetched.append(cache.fetch(shard)), name="fetch"),
+        threading.Thread(target=cache.ensure, args=(shard,), name="ensure", daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    threads[0].join(20)
+    threads[1].join(20)
+    assert fetched and not threads[1].is_alive(), "ensure() waited for the shard's reader"
+    assert cache.downloads == 1, "one download for both"
+    assert Path(fetched[0]).read_bytes() == (local_dataset / shard.file).read_bytes()
+    cache.release(shard)
+
+
 def test_readers_of_a_process_share_one_download_helper_that_exits_with_it(
     local_dataset, s3_bucket, tmp_path
 ):

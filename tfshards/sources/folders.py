@@ -1,8 +1,11 @@
-"""Folders and process checks shared by the readers, without TensorFlow."""
+"""Folders, locks and process checks shared by the readers, without TensorFlow."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -20,3 +23,15 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def held_exclusively(lock: Path) -> Iterator[None]:
+    """An ``flock`` on ``lock`` (created if missing) held exclusively, waited for, while
+    the block runs; the kernel drops it if the process dies."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

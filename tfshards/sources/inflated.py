@@ -20,20 +20,17 @@ the compressed size (raw records). Copies stay until removed (``rm -r`` the fold
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import threading
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 from tfshards.schemas import deflate
 from tfshards.schemas.format import Compression
 from tfshards.schemas.manifest import ShardInfo
 from tfshards.schemas.tfrecord import RecordError
-from tfshards.sources.folders import process_alive, user_cache_dir
+from tfshards.sources.folders import held_exclusively, process_alive, user_cache_dir
 
 _CHUNK = 4 * 2**20
 _PARTIAL = ".inflating-"
@@ -53,7 +50,7 @@ def inflated_copy(source: Path, shard: ShardInfo, kind: Compression, folder: Pat
         return target
     folder.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(folder)
-    with _locked(folder / f".{shard.sha256}.lock"):
+    with held_exclusively(folder / f".{shard.sha256}.lock"):
         if target.is_file():  # another process inflated it while this one waited
             return target
         partial = folder / f"{_PARTIAL}{os.getpid()}-{threading.get_ident()}-{shard.sha256}"
@@ -90,16 +87,6 @@ def _inflate(source: Path, out_path: Path, kind: Compression) -> str:
         if not inflate.eof:
             raise RecordError(f"{source}: truncated {kind.name} stream (it ends mid-stream)")
     return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _remove_abandoned(folder: Path) -> None:

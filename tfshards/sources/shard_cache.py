@@ -4,7 +4,8 @@ Layout (one folder per dataset, keyed by the sha256s of its shards)::
 
     <shard cache root>/<key>/train-00003-of-00016.tfrecord     a checked, complete shard
     <shard cache root>/<key>/.download-<pid>-<name>             a download in progress
-    <shard cache root>/<key>/.locks/<name>.lock                  flock()ed, never trusted by age
+    <shard cache root>/<key>/.locks/<name>.lock                  its use lock (flock)
+    <shard cache root>/<key>/.locks/<name>.download              its download lock (flock)
 
 A shard is downloaded to a temporary name (hashed as its bytes arrive, never read
 back), its size and digest compared with the manifest (its CRC-32C, or the sha256 in
@@ -12,12 +13,16 @@ a manifest older than that field: ``ShardInfo.download_digest``), and renamed in
 place only when both match; a mismatch is downloaded once more, then the read fails
 naming the object: a corrupt or truncated object never reaches training.
 
-Several processes on one host share the folder. Each shard's lock file is held
-exclusively while it is downloaded (others wait, then find it present: one
-download per host) and shared while a process reads it, so eviction, which
-needs the exclusive lock and does not wait for it, never removes a shard in use.
-Locks are ``flock`` locks: the kernel drops them when a process dies, so a crash
-leaves nothing that blocks the next run.
+Several processes on one host share the folder. A shard's use lock is held shared
+while a process reads it or makes it present, so eviction, which needs it exclusively
+and does not wait for it, never removes a shard in use. Its download lock is held
+exclusively while it is downloaded (others wait, then find it present: one download
+per host). The two are separate so that waiting for a download never waits for a
+reader: a thread that found a shard missing once waited for the use lock itself, and
+when another thread of the same process had meanwhile downloaded the shard and kept it
+open, it waited for as long as that shard stayed open, and the reader hung. Locks are
+``flock`` locks: the kernel drops them when a process dies, so a crash leaves nothing
+that blocks the next run.
 
 With a size limit, the least recently used shards not in use are evicted before
 each download so that the complete shards plus the incoming one stay within it.
@@ -38,7 +43,7 @@ from tfshards import storage
 from tfshards.download_process import DownloadProcess
 from tfshards.errors import TfshardsError
 from tfshards.schemas.manifest import Manifest, ShardInfo
-from tfshards.sources.folders import process_alive
+from tfshards.sources.folders import held_exclusively, process_alive
 
 LOCKS_DIR = ".locks"
 DOWNLOAD_PREFIX = ".download-"
@@ -121,12 +126,11 @@ class ShardCache:
         path = self.folder / shard.file
         fd = os.open(self.folder / LOCKS_DIR / f"{shard.file}.lock", os.O_RDWR | os.O_CREAT)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while another process downloads it
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an eviction removes it
             if not _complete(path, shard):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # converts: one process downloads
-                if not _complete(path, shard):
-                    self._download(shard, path)
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                with held_exclusively(self.folder / LOCKS_DIR / f"{shard.file}.download"):
+                    if not _complete(path, shard):  # another thread or process got it
+                        self._download(shard, path)
             os.utime(path)  # the least recently used shards are evicted first
         except BaseException:
             os.close(fd)
