@@ -119,6 +119,7 @@ def test_a_build_is_flushed_in_the_background_while_it_is_written(small, tmp_pat
         real(fd)
 
     monkeypatch.setattr(store, "WRITE_BEHIND_BYTES", 1)  # every batch
+    monkeypatch.setattr(store, "UNFLUSHED_MAX_BYTES", 0)  # as if larger than memory allows
     monkeypatch.setattr(store.os, "fdatasync", counted)
     cache = tmp_path / "cache"
     streamed = [pair for pair in tfshards.read(small, batch_size=4, seed=0)]
@@ -134,6 +135,39 @@ def test_a_build_is_flushed_in_the_background_while_it_is_written(small, tmp_pat
         assert (image.numpy() == cached_image.numpy()).all()
         assert (mask.numpy() == built_mask.numpy()).all()
         assert (mask.numpy() == cached_mask.numpy()).all()
+
+
+def test_a_build_small_beside_memory_is_left_to_the_page_cache_until_published(
+    small, tmp_path, monkeypatch
+):
+    from tfshards.readers.cache import store
+
+    flushes: list[str] = []
+    monkeypatch.setattr(store, "WRITE_BEHIND_BYTES", 1)  # would flush every batch
+    monkeypatch.setattr(store.os, "fdatasync", lambda fd: flushes.append("fdatasync"))
+    cache = tmp_path / "cache"
+    streamed = [pair for pair in tfshards.read(small, batch_size=4, seed=0)]
+    built = [pair for pair in tfshards.read(small, batch_size=4, seed=0, cache=cache)]
+    assert flushes == [], "no write-behind for an entry this small"
+    assert not any(t.name == "tfshards-cache-flush" for t in threading.enumerate())
+    (entry,) = [e for e in tfshards.list_caches(cache) if e.state == "ready"]  # fsynced
+    read_back = [pair for pair in tfshards.read(small, batch_size=4, seed=0, cache=cache)]
+    for (image, mask), built_pair, cached_pair in zip(streamed, built, read_back, strict=True):
+        for other_image, other_mask in (built_pair, cached_pair):
+            assert (image.numpy() == other_image.numpy()).all()
+            assert (mask.numpy() == other_mask.numpy()).all()
+
+
+def test_which_builds_are_flushed_while_they_are_written(monkeypatch):
+    from tfshards.readers.cache import store
+
+    monkeypatch.setattr(store, "usable_memory", lambda: 16 * 2**30)
+    assert not store.flushed_while_built(2**30)  # under a tenth of memory: the page cache
+    assert store.flushed_while_built(2 * 2**30)  # over a tenth
+    monkeypatch.setattr(store, "usable_memory", lambda: 256 * 2**30)
+    assert store.flushed_while_built(3 * 2**30)  # over 2 GiB, however large the memory
+    monkeypatch.setattr(store, "usable_memory", lambda: None)
+    assert store.flushed_while_built(1), "memory unknown: flushed"
 
 
 def test_an_augment_function_with_python_control_flow_is_converted_by_autograph(small):

@@ -10,6 +10,9 @@ Run: 2026-12-05. Recorded result: deflate uint8, 2,000 pairs of 256x256, the bui
 0.73x its stream at +0.111 ms CPU per pair before, 0.82x at +0.109 to +0.113 ms after
 (two runs of 4 rounds); raw uint8 0.60x at +0.086 ms before, 0.72x at +0.103 ms after.
 Raw output: benchmarks/README.md, "Caches that live with their dataset".
+Since 2026-12-06 the write-behind is kept for builds larger than a tenth of memory or
+2 GiB only (``flushed_while_built``); this study, 8 rounds, backs that too (benchmarks/
+README.md, "A small cache build left to the page cache").
 
     python benchmarks/studies/cache_build_vs_stream.py SHARDS --trees before=/tree/a,after=.
 

@@ -31,13 +31,18 @@ from pathlib import Path
 import numpy as np
 
 from tfshards.readers.cache.entry import DiskCache, publishing
+from tfshards.readers.memory_limits import usable_memory
 from tfshards.sources.pixel_batches import aligned_empty
 
 log = logging.getLogger("tfshards")
 FLAT_FILES = ("pairs.image", "pairs.mask")
 # A building entry's files are flushed to disk in the background every this many bytes
-# written (see Flusher).
+# written (see Flusher), when the entry is too large to leave to the page cache until
+# it is published: above this share of the memory the process may use (the kernel's
+# default for starting writeback of its own, dirty_background_ratio), or this size.
 WRITE_BEHIND_BYTES = 64 * 2**20
+UNFLUSHED_SHARE_OF_MEMORY = 0.10
+UNFLUSHED_MAX_BYTES = 2 * 2**30
 
 
 def flat_sizes(records: int, shape: tuple[int, int, int]) -> tuple[int, int]:
@@ -127,7 +132,7 @@ class PairStore:
             fd = os.open(self._folder / name, os.O_RDWR | os.O_CREAT, 0o644)
             os.ftruncate(fd, size)
             self._files.append(fd)
-        self._flusher = Flusher(self._files)
+        self._flusher = Flusher(self._files, write_behind=flushed_while_built(sum(sizes)))
 
     def _finish(self) -> None:
         if self.cache is None:
@@ -213,18 +218,39 @@ class Publisher:
             log.info("disk cache ready: %s", self._cache.ready)
 
 
+def flushed_while_built(entry_bytes: int) -> bool:
+    """Whether a building entry of ``entry_bytes`` is flushed as it is written. A smaller
+    one stays in the page cache until the publisher's fsync, which runs in the background,
+    so the building epoch does not share the disk and the CPU with its writeback
+    (measured: builds about 4% faster, benchmarks/README.md, "A small cache build left to
+    the page cache"). A larger one (larger than RAM, say) would otherwise fill memory with
+    dirty pages, which the kernel throttles and reclaims slowly; where the memory is
+    unknown, it is flushed."""
+    memory = usable_memory()
+    if memory is None:
+        return True
+    return entry_bytes > min(UNFLUSHED_SHARE_OF_MEMORY * memory, UNFLUSHED_MAX_BYTES)
+
+
 class Flusher:
     """Writes a building entry's files to disk in the background (write-behind) each time
     another WRITE_BEHIND_BYTES have been written to them, so the fsync before publishing
-    waits for the last ones only and the reading threads never wait for the disk."""
+    waits for the last ones only and the reading threads never wait for the disk. Without
+    ``write_behind`` it does nothing (no thread): the publisher's fsync writes it all."""
 
-    def __init__(self, fds: list[int]) -> None:
+    def __init__(self, fds: list[int], *, write_behind: bool = True) -> None:
         self._fds, self._unflushed, self._stopping = fds, 0, False
         self._due = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfshards-cache-flush", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if write_behind:
+            self._thread = threading.Thread(
+                target=self._run, name="tfshards-cache-flush", daemon=True
+            )
+            self._thread.start()
 
     def wrote(self, nbytes: int) -> None:
+        if self._thread is None:
+            return
         self._unflushed += nbytes
         if self._unflushed >= WRITE_BEHIND_BYTES:
             self._unflushed = 0
@@ -234,8 +260,9 @@ class Flusher:
         """Return once no flush runs (before the files are fsynced or closed)."""
         self._stopping = True
         self._due.set()
-        if threading.current_thread() is not self._thread:  # __del__ may run on it
-            self._thread.join()
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:  # __del__ may
+            thread.join()  # run on it
 
     def _run(self) -> None:
         while True:
