@@ -146,10 +146,15 @@ def test_a_build_small_beside_memory_is_left_to_the_page_cache_until_published(
     monkeypatch.setattr(store, "WRITE_BEHIND_BYTES", 1)  # would flush every batch
     monkeypatch.setattr(store.os, "fdatasync", lambda fd: flushes.append("fdatasync"))
     cache = tmp_path / "cache"
+
+    def flush_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "tfshards-cache-flush"}
+
+    earlier = flush_threads()  # another test's, if any: not this build's
     streamed = [pair for pair in tfshards.read(small, batch_size=4, seed=0)]
     built = [pair for pair in tfshards.read(small, batch_size=4, seed=0, cache=cache)]
     assert flushes == [], "no write-behind for an entry this small"
-    assert not any(t.name == "tfshards-cache-flush" for t in threading.enumerate())
+    assert flush_threads() <= earlier, "no flush thread started for it"
     (entry,) = [e for e in tfshards.list_caches(cache) if e.state == "ready"]  # fsynced
     read_back = [pair for pair in tfshards.read(small, batch_size=4, seed=0, cache=cache)]
     for (image, mask), built_pair, cached_pair in zip(streamed, built, read_back, strict=True):

@@ -18,10 +18,8 @@ while a process reads it or makes it present, so eviction, which needs it exclus
 and does not wait for it, never removes a shard in use. Its download lock is held
 exclusively while it is downloaded (others wait, then find it present: one download
 per host). The two are separate so that waiting for a download never waits for a
-reader: a thread that found a shard missing once waited for the use lock itself, and
-when another thread of the same process had meanwhile downloaded the shard and kept it
-open, it waited for as long as that shard stayed open, and the reader hung. Locks are
-``flock`` locks: the kernel drops them when a process dies, so a crash leaves nothing
+reader that keeps the shard open (with one lock, that wait could hang the reader). Locks
+are ``flock`` locks: the kernel drops them when a process dies, so a crash leaves nothing
 that blocks the next run.
 
 With a size limit, the least recently used shards not in use are evicted before
