@@ -175,6 +175,47 @@ def test_which_builds_are_flushed_while_they_are_written(monkeypatch):
     assert store.flushed_while_built(1), "memory unknown: flushed"
 
 
+def test_which_entries_are_read_with_every_pair_of_a_batch_asked_for_at_once(monkeypatch):
+    from tfshards.readers.cache import store
+
+    monkeypatch.setattr(store, "usable_memory", lambda: 16 * 2**30)
+    assert not store.read_from_disk(8 * 2**30)  # half of memory: stays in the page cache
+    assert store.read_from_disk(8 * 2**30 + 1)
+    monkeypatch.setattr(store, "usable_memory", lambda: None)
+    assert store.read_from_disk(1), "memory unknown: read from the disk"
+
+
+def test_a_cache_larger_than_memory_asks_for_each_batchs_pairs_and_reads_them_right(
+    small, tmp_path, monkeypatch
+):
+    from tfshards.readers.cache import store
+
+    cache = tmp_path / "cache"
+    streamed = _pairs(tfshards.read(small, batch_size=4, seed=0))
+    assert _same(_pairs(tfshards.read(small, batch_size=4, seed=0, cache=cache)), streamed)
+    asked: list[tuple[int, int, int]] = []
+    real_fadvise = store.os.posix_fadvise
+
+    def counted(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == store.os.POSIX_FADV_WILLNEED:
+            asked.append((fd, offset, length))
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(store.os, "posix_fadvise", counted)
+    monkeypatch.setattr(store, "read_from_disk", lambda entry_bytes: True)
+    assert _same(_pairs(tfshards.read(small, batch_size=4, seed=0, cache=cache)), streamed)
+    assert len(asked) == 2 * 10, "each pair of the epoch, in both files, once"
+    for fd in {fd for fd, _, _ in asked}:  # the image file and the mask file
+        lengths = {length for f, _, length in asked if f == fd}
+        offsets = sorted(offset for f, offset, _ in asked if f == fd)
+        (length,) = lengths
+        assert offsets == [index * length for index in range(10)]
+    asked.clear()
+    monkeypatch.setattr(store, "read_from_disk", lambda entry_bytes: False)
+    assert _same(_pairs(tfshards.read(small, batch_size=4, seed=0, cache=cache)), streamed)
+    assert asked == [], "an entry that stays in the page cache is not asked for"
+
+
 def test_an_augment_function_with_python_control_flow_is_converted_by_autograph(small):
     def flip_sometimes(image, mask):
         if tf.random.uniform(()) > 0.5:  # a tensor in a Python `if`: AutoGraph's job
