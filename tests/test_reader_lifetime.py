@@ -175,14 +175,14 @@ def test_which_builds_are_flushed_while_they_are_written(monkeypatch):
     assert store.flushed_while_built(1), "memory unknown: flushed"
 
 
-def test_which_entries_are_read_with_every_pair_of_a_batch_asked_for_at_once(monkeypatch):
-    from tfshards.readers.cache import store
+def test_which_files_are_read_with_a_batchs_pieces_asked_for_at_once(monkeypatch):
+    from tfshards.readers import memory_limits
 
-    monkeypatch.setattr(store, "usable_memory", lambda: 16 * 2**30)
-    assert not store.read_from_disk(8 * 2**30)  # half of memory: stays in the page cache
-    assert store.read_from_disk(8 * 2**30 + 1)
-    monkeypatch.setattr(store, "usable_memory", lambda: None)
-    assert store.read_from_disk(1), "memory unknown: read from the disk"
+    monkeypatch.setattr(memory_limits, "usable_memory", lambda: 16 * 2**30)
+    assert not memory_limits.outgrows_page_cache(8 * 2**30)  # half: stays in the page cache
+    assert memory_limits.outgrows_page_cache(8 * 2**30 + 1)
+    monkeypatch.setattr(memory_limits, "usable_memory", lambda: None)
+    assert memory_limits.outgrows_page_cache(1), "memory unknown: read from the disk"
 
 
 def test_a_cache_larger_than_memory_asks_for_each_batchs_pairs_and_reads_them_right(
@@ -202,7 +202,7 @@ def test_a_cache_larger_than_memory_asks_for_each_batchs_pairs_and_reads_them_ri
         real_fadvise(fd, offset, length, advice)
 
     monkeypatch.setattr(store.os, "posix_fadvise", counted)
-    monkeypatch.setattr(store, "read_from_disk", lambda entry_bytes: True)
+    monkeypatch.setattr(store, "outgrows_page_cache", lambda nbytes: True)
     assert _same(_pairs(tfshards.read(small, batch_size=4, seed=0, cache=cache)), streamed)
     assert len(asked) == 2 * 10, "each pair of the epoch, in both files, once"
     for fd in {fd for fd, _, _ in asked}:  # the image file and the mask file
@@ -211,7 +211,7 @@ def test_a_cache_larger_than_memory_asks_for_each_batchs_pairs_and_reads_them_ri
         (length,) = lengths
         assert offsets == [index * length for index in range(10)]
     asked.clear()
-    monkeypatch.setattr(store, "read_from_disk", lambda entry_bytes: False)
+    monkeypatch.setattr(store, "outgrows_page_cache", lambda nbytes: False)
     assert _same(_pairs(tfshards.read(small, batch_size=4, seed=0, cache=cache)), streamed)
     assert asked == [], "an entry that stays in the page cache is not asked for"
 

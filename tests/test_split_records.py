@@ -49,6 +49,34 @@ def test_read_by_global_index_in_any_order(dataset: Path, tmp_path: Path) -> Non
         records.read([11])
 
 
+def test_a_split_larger_than_the_page_cache_asks_for_each_batchs_records_at_once(
+    dataset: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from tfshards.sources import records as records_module
+
+    expected = _all_records(dataset)
+    asked: list[tuple[int, int]] = []
+    real_fadvise = os.posix_fadvise
+
+    def counted(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            asked.append((offset, length))
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(records_module.os, "posix_fadvise", counted)
+    monkeypatch.setattr(records_module, "outgrows_page_cache", lambda nbytes: True)
+    large = SplitRecords(split_shards(dataset, "train"), offsets_folder=tmp_path / "o")
+    order = np.random.default_rng(1).permutation(11)
+    assert large.read(order) == [expected[i] for i in order]
+    assert len(asked) == 11, "each record once, before it is read"
+    assert sorted(length for _, length in asked) == sorted(len(r) + 16 for r in expected)
+    asked.clear()
+    monkeypatch.setattr(records_module, "outgrows_page_cache", lambda nbytes: False)
+    small = SplitRecords(split_shards(dataset, "train"), offsets_folder=tmp_path / "o")
+    assert small.read(order) == [expected[i] for i in order]
+    assert asked == [], "a split that stays in the page cache is not asked for"
+
+
 def test_pickled_and_forked_copies_open_their_own_files(dataset: Path, tmp_path: Path) -> None:
     records = SplitRecords(split_shards(dataset, "train"), offsets_folder=tmp_path / "o")
     first = records.read([0])

@@ -25,6 +25,16 @@ def usable_memory() -> int | None:
     return min(known) if known else None
 
 
+def outgrows_page_cache(nbytes: int) -> bool:
+    """Whether files of ``nbytes`` are larger than half the memory the process may use (or
+    that memory is unknown): then each epoch reads them from the disk, not from the page
+    cache, and a reader asks for a batch's pieces all at once (``POSIX_FADV_WILLNEED``) so
+    the disk serves them as one queue; for files that stay cached, asking costs about
+    2.5 us per piece for nothing."""
+    memory = usable_memory()
+    return memory is None or nbytes > memory / 2
+
+
 def autotune_ram_budget() -> int | None:
     """A quarter of the cgroup's limit when one is below the machine's memory, else None
     (tf.data's own default then sees the right memory)."""

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tfshards.readers.cache.entry import DiskCache, publishing
-from tfshards.readers.memory_limits import usable_memory
+from tfshards.readers.memory_limits import outgrows_page_cache, usable_memory
 from tfshards.sources.pixel_batches import aligned_empty
 
 log = logging.getLogger("tfshards")
@@ -75,9 +75,7 @@ class PairStore:
         self._files: list[int] | None = None  # the building files' descriptors (disk)
         self._published: list[int] | None = None  # the ready files' descriptors (disk)
         self.ready = False
-        # Only an entry that cannot stay in the page cache between epochs is read from
-        # the disk each epoch; asking for a warm one's pages costs ~2.5 us per pair and file.
-        self._ask_ahead = cache is not None and read_from_disk(sum(flat_sizes(records, shape)))
+        self._ask_ahead = cache is not None and outgrows_page_cache(sum(flat_sizes(records, shape)))
         if cache is not None and flat_ready(cache.ready, records, shape):
             self._published = _opened_for_reading(cache.ready)
             self.ready = True
@@ -296,19 +294,11 @@ def _opened_for_reading(folder: Path) -> list[int]:
     return descriptors
 
 
-def read_from_disk(entry_bytes: int) -> bool:
-    """Whether an entry of ``entry_bytes`` is larger than half the memory the process may
-    use (or that memory is unknown): then its epochs read it from the disk, not from the
-    page cache, and a batch's pairs are asked for all at once (:func:`_ask_for_rows`)."""
-    memory = usable_memory()
-    return memory is None or entry_bytes > memory / 2
-
-
 def _ask_for_rows(fd: int, indices: np.ndarray, size: int) -> None:
-    """Start reading every pair of a batch from the disk at once (``POSIX_FADV_WILLNEED``),
-    so the reads in order that follow wait for a queue of them, not for one at a time:
-    on one VM's disk, shuffled 1 MiB reads ran 0.34x an in-order read with one in flight
-    and 0.94x with four (benchmarks/studies/hardware_bounds.py)."""
+    """Start reading every pair of a batch from the disk at once, so the reads in order
+    that follow wait for a queue of them, not for one at a time: on one VM's disk,
+    shuffled 1 MiB reads ran 0.34x an in-order read with one in flight and 0.94x with
+    four (benchmarks/studies/hardware_bounds.py)."""
     for index in indices:
         os.posix_fadvise(fd, int(index) * size, size, os.POSIX_FADV_WILLNEED)
 
