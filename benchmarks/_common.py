@@ -4,6 +4,7 @@ synthetic pixels."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,16 @@ import numpy as np
 from PIL import Image
 
 from tfshards.converters.synth import synth
+
+
+def drop_pages(path: Path) -> None:
+    """Write out and drop one file's page cache (ours only; nothing system-wide, no root)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def peak_rss_of(code: str) -> dict:

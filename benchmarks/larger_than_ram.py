@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import markdown_table
+from _common import drop_pages, markdown_table
 
 CASES = {  # name: (side, channels, batch)
     "rgb512": (512, 3, 32),
@@ -111,12 +111,7 @@ def evict(folder: Path) -> None:
     """Drop the page cache of every file under folder (ours only; nothing system-wide)."""
     for path in folder.rglob("*"):
         if path.is_file() and not path.is_symlink():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            drop_pages(path)
 
 
 class MemoryCgroup:

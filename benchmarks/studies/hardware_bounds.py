@@ -42,7 +42,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import _benchmarks_path  # noqa: F401  (benchmarks/ on sys.path)
 import numpy as np
+from _common import drop_pages
 
 PIECE = 8 << 20
 READ = 1 << 20
@@ -60,15 +62,6 @@ def write_file(path: Path, size: int) -> float:
     finally:
         os.close(fd)
     return size / (time.perf_counter() - started) / 1e6
-
-
-def drop_pages(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def read_cold(path: Path, size: int, *, shuffled: bool, threads: int) -> float:
