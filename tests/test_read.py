@@ -366,6 +366,10 @@ def test_cache_clear_removes_only_entries_it_can_prove_it_wrote(tmp_path, capsys
     user = mine / "aabbccddeeff001122334455"
     shutil.copytree(ready.path, user)
     (user / "results.csv").write_text("epoch,loss\n")
+    linked = mine / "1234567890abcdef12345678"  # its ready/ a link to the source images
+    linked.mkdir()
+    shutil.copy(ready.path / "info.json", linked / "info.json")
+    (linked / "ready").symlink_to(project / "data")
     (mine / "README").write_text("my caches\n")
     entries = {e.path: e.state for e in tfshards.list_caches(mine)}
     assert sorted(entries.values()) == ["incomplete", "incomplete", "ready", "stale"]
@@ -397,7 +401,9 @@ def test_cache_clear_removes_only_entries_it_can_prove_it_wrote(tmp_path, capsys
     assert tfshards.list_caches(shards) == []
     caches = ("projects/unet/cache/", "projects/unet/shards/.tfshards-cache/")
     kept = {k: v for k, v in before.items() if not k.startswith(caches)}
-    kept.update({k: v for k, v in before.items() if k.startswith(str(user.relative_to(tmp_path)))})
+    for folder in (user, linked):
+        left = str(folder.relative_to(tmp_path))
+        kept.update({k: v for k, v in before.items() if k.startswith(left)})
     kept["projects/unet/cache/README"] = before["projects/unet/cache/README"]
     assert _files_under(tmp_path) == kept
 

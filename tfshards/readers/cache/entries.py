@@ -206,7 +206,7 @@ def clear_caches(location: str | os.PathLike, *, stale: bool = False) -> int:
         if stale and entry.state != "stale":
             continue
         try:
-            shutil.rmtree(entry.path)
+            _remove(entry.path)
         except OSError as exc:
             cause = exc.strerror or str(exc)
             raise CacheFolderError(
@@ -215,6 +215,15 @@ def clear_caches(location: str | os.PathLike, *, stale: bool = False) -> int:
             ) from exc
         freed += entry.bytes
     return freed
+
+
+def _remove(entry: Path) -> None:
+    """rmtree, again where a file vanished meanwhile (another clear, a build published)."""
+    try:
+        shutil.rmtree(entry)
+    except FileNotFoundError:
+        if entry.exists():
+            shutil.rmtree(entry)
 
 
 def _cache_folders(location: str | os.PathLike) -> tuple[list[Path], Path | None]:
