@@ -174,9 +174,11 @@ def list_caches(location: str | os.PathLike) -> list[CacheEntry]:
     """The cache entries of a dataset folder (its cache folder beside the shards and, for
     a read-only folder, the one under the user cache folder), a dataset's URL (its
     decoded cache under the user cache folder), or a cache folder given to
-    ``read(cache=...)``. Only folders proven to be entries are listed (see entries.py);
-    builds this process finished are listed once published. Raises OptionsError for an
-    empty location, CacheFolderError for a path that is not a folder."""
+    ``read(cache=...)``. Only folders proven to be entries are listed: named by a
+    fingerprint, holding an ``info.json`` of the entry schema and nothing but it, ``ready/``
+    and building folders of plain files. Builds this process finished are listed once
+    published. Raises OptionsError for an empty location, CacheFolderError for a path
+    that is not a folder."""
     wait_for_publishing()
     folders, _ = _cache_folders(location)
     manifests: dict[str, Manifest | None] = {}
