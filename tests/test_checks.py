@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import convert_args, shard_bytes, write_pairs
+from conftest import convert_args, run_json_script, shard_bytes, write_pairs
 from PIL import Image
 
 import tfshards
@@ -282,6 +282,23 @@ def test_cache_cli_lists_and_clears(tmp_path, capsys):
     assert "MiB freed" in capsys.readouterr().out
     assert main(["-q", "cache", "list", str(tmp_path / "shards")]) == 0
     assert "no caches" in capsys.readouterr().out
+
+
+# Issue 43 (first hour): `cache list` took 6 s, most of it importing TensorFlow.
+def test_cache_list_and_clear_import_no_tensorflow(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    convert(images, masks, tmp_path / "shards", workers=1, progress=False)
+    assert sum(int(i.shape[0]) for i, _ in tfshards.read(tmp_path / "shards", cache=True)) == 6
+    code = (
+        "import json, sys\n"
+        "import tfshards\n"
+        "from tfshards.cli import main\n"
+        "assert main(['-q', 'cache', 'list', sys.argv[1]]) == 0\n"
+        "states = [e.state for e in tfshards.list_caches(sys.argv[1])]\n"
+        "freed = tfshards.clear_caches(sys.argv[1], stale=True)\n"
+        "print(json.dumps([states, freed, 'tensorflow' in sys.modules]))\n"
+    )
+    assert run_json_script(code, tmp_path / "shards") == [["ready"], 0, False]
 
 
 def test_keys_repeated_across_shards_are_reported(damaged):

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -296,6 +297,117 @@ def test_changed_data_builds_a_new_cache_never_reads_the_stale_one(tmp_path):
     assert len(tfshards.list_caches(cache)) == 2
 
 
+# Issue 43 (first hour): the entry of the replaced shards was listed as ready.
+def test_the_entry_of_replaced_shards_is_listed_stale_and_cleared_alone(tmp_path, capsys):
+    from tfshards.cli import main
+
+    images, masks = write_pairs(tmp_path / "data", 10)
+    out = tmp_path / "shards"
+    convert(images, masks, out, workers=1, progress=False)
+    digests(tfshards.read(out, batch_size=5, image_dtype="uint8", cache=True))
+    (old,) = tfshards.list_caches(out)
+    write_pairs(tmp_path / "data", 10, seed=9)
+    convert(images, masks, out, overwrite=True, workers=1, progress=False)
+    assert [(e.path, e.state) for e in tfshards.list_caches(out)] == [(old.path, "stale")]
+    digests(tfshards.read(out, batch_size=5, image_dtype="uint8", cache=True))
+    states = {e.path: e.state for e in tfshards.list_caches(out)}
+    assert sorted(states.values()) == ["ready", "stale"] and states[old.path] == "stale"
+    assert main(["-q", "cache", "list", str(out)]) == 0
+    assert f"{old.path}  stale" in capsys.readouterr().out
+    assert main(["-q", "cache", "clear", "--stale", str(out)]) == 0
+    assert f"{old.bytes / 2**20:.1f} MiB freed" in capsys.readouterr().out
+    assert [e.state for e in tfshards.list_caches(out)] == ["ready"] and not old.path.exists()
+    elsewhere = tmp_path / "cache"  # a cache folder of its own, its dataset removed
+    digests(tfshards.read(out, batch_size=5, image_dtype="uint8", cache=elsewhere))
+    assert [e.state for e in tfshards.list_caches(elsewhere)] == ["ready"]
+    (out / "tfshards.json").unlink()
+    assert [e.state for e in tfshards.list_caches(elsewhere)] == ["stale"]
+
+
+def _files_under(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _project(root: Path) -> Path:
+    """A project folder: source images, a converted dataset, code, and folders that look
+    like cache entries without being ones."""
+    images, masks = write_pairs(root / "data", 6)
+    convert(images, masks, root / "shards", workers=1, progress=False)
+    (root / "src").mkdir()
+    (root / "src" / "train.py").write_text("print('train')\n")
+    (root / "notes.txt").write_text("notes\n")
+    (root / "0123456789abcdef01234567").mkdir()  # a fingerprint's name, no info.json
+    (root / "0123456789abcdef01234567" / "weights.h5").write_bytes(b"w")
+    return root / "shards"
+
+
+# Issue 43 point 1: `cache clear` of a folder that was not a cache removed its subfolders.
+def test_cache_clear_removes_only_entries_it_can_prove_it_wrote(tmp_path, capsys, monkeypatch):
+    from tfshards.cli import main
+    from tfshards.readers.cache import CacheFolderError
+
+    project = tmp_path / "projects" / "unet"
+    shards = _project(project)
+    mine = project / "cache"
+    read = dict(batch_size=3, image_dtype="uint8")
+    digests(tfshards.read(shards, cache=True, **read))  # beside the shards
+    digests(tfshards.read(shards, cache=mine, **read))
+    (ready,) = tfshards.list_caches(mine)
+    digests(tfshards.read(shards, cache=mine, image_size=(8, 8), **read))
+    (crashed,) = [e.path for e in tfshards.list_caches(mine) if e.path != ready.path]
+    (crashed / "ready").rename(crashed / ".building-otherhost-4242-0badf00d")  # a crash's
+    tfshards.read(shards, cache=mine, image_size=(6, 6), **read)  # made, never read
+    # An entry of an earlier version (another format: never read again, listed stale).
+    earlier = mine / "00112233445566778899aabb"
+    shutil.copytree(ready.path, earlier)
+    info = json.loads((earlier / "info.json").read_text())
+    (earlier / "info.json").write_text(json.dumps({**info, "cache_format": 2}))
+    # Not entries: a folder of the user's holding an info.json, a file beside the entries.
+    user = mine / "aabbccddeeff001122334455"
+    shutil.copytree(ready.path, user)
+    (user / "results.csv").write_text("epoch,loss\n")
+    linked = mine / "1234567890abcdef12345678"  # its ready/ a link to the source images
+    linked.mkdir()
+    shutil.copy(ready.path / "info.json", linked / "info.json")
+    (linked / "ready").symlink_to(project / "data")
+    (mine / "README").write_text("my caches\n")
+    entries = {e.path: e.state for e in tfshards.list_caches(mine)}
+    assert sorted(entries.values()) == ["incomplete", "incomplete", "ready", "stale"]
+    assert entries[crashed] == "incomplete" and entries[earlier] == "stale"
+    before = _files_under(tmp_path)
+    for folder in (project, project.parent):
+        assert tfshards.list_caches(folder) == []
+        assert main(["-q", "cache", "list", str(folder)]) == 0
+        assert capsys.readouterr().out == f"no caches under {folder}\n"
+        assert main(["-q", "cache", "clear", str(folder)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"tfshards cache: error: {folder} is not a dataset folder")
+        assert "nothing was removed" in err
+        with pytest.raises(CacheFolderError, match="holds no tfshards cache entries"):
+            tfshards.clear_caches(folder)
+    monkeypatch.chdir(project)
+    with pytest.raises(OptionsError, match="location of the caches is empty"):
+        tfshards.clear_caches("")
+    assert main(["-q", "cache", "clear", ""]) == 2
+    assert "location of the caches is empty" in capsys.readouterr().err
+    for missing in (project / "nope", project / "notes.txt"):
+        with pytest.raises(CacheFolderError, match="no such folder|not a folder"):
+            tfshards.clear_caches(missing)
+        assert main(["-q", "cache", "clear", str(missing)]) == 1
+    assert _files_under(tmp_path) == before
+    # The entries are cleared, and only they.
+    assert tfshards.clear_caches(mine) > 0 and tfshards.list_caches(mine) == []
+    assert main(["-q", "cache", "clear", str(shards)]) == 0
+    assert tfshards.list_caches(shards) == []
+    caches = ("projects/unet/cache/", "projects/unet/shards/.tfshards-cache/")
+    kept = {k: v for k, v in before.items() if not k.startswith(caches)}
+    for folder in (user, linked):
+        left = str(folder.relative_to(tmp_path))
+        kept.update({k: v for k, v in before.items() if k.startswith(left)})
+    kept["projects/unet/cache/README"] = before["projects/unet/cache/README"]
+    assert _files_under(tmp_path) == kept
+
+
 def _reader_script(shards: Path, cache: Path, extra: str = "") -> str:
     return textwrap.dedent(f"""
         import hashlib, sys, time
@@ -426,6 +538,36 @@ def test_input_context_pipelines_split_every_round_evenly(dataset):
     # Whole rounds of 2 x 2 records only: the same batch count on every pipeline.
     assert lengths[0] == lengths[1] == len(everything) // 4 * 2
     assert len(set(seen)) == len(seen) and set(seen) <= set(everything)
+
+
+# Issue 43 point 10: each pipeline filled a full-size cache that never completed.
+@pytest.mark.parametrize("cache", [True, "memory"])
+def test_a_cache_read_by_index_with_several_input_pipelines_is_refused(dataset, tmp_path, cache):
+    shards = copy_dataset(dataset, tmp_path / "shards")
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
+    with pytest.raises(OptionsError, match="cannot be combined with input_context") as info:
+        tfshards.read(shards, batch_size=4, input_context=context, cache=cache)
+    records = tfshards.Manifest.load(shards).splits["train"].records
+    assert f"none reads all {records} records" in str(info.value)
+    assert "Pass cache=None" in str(info.value)
+    assert not (shards / ".tfshards-cache").exists()
+    one = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0)
+    digests(tfshards.read(shards, batch_size=4, input_context=one, cache=cache))
+
+
+def test_cropped_reads_with_input_pipelines_each_cache_their_own_shards(dataset, tmp_path):
+    """Records of many sizes are shared out by shard file: a pipeline reads the same
+    records every epoch, and its cache (keyed by the pipeline) holds exactly those."""
+    cache, records = tmp_path / "cache", []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline)
+        options = dict(batch_size=4, image_dtype="uint8", crop_size=(8, 8), seed=0)
+        ds = tfshards.read(dataset, input_context=context, cache=cache, **options)
+        records.append(len(digests(ds)))
+        assert len(digests(ds)) == records[-1]
+    entries = [(e.info.pipeline, e.state, e.info.records) for e in tfshards.list_caches(cache)]
+    assert sorted(entries) == [((0, 2), "ready", records[0]), ((1, 2), "ready", records[1])]
+    assert sum(records) == tfshards.Manifest.load(dataset).splits["train"].records
 
 
 def test_tf_data_service_delivers_every_record_once(dataset):

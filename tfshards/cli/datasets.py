@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 
+from tfshards.errors import OptionsError
 from tfshards.schemas.format import CACHE_DIR_NAME
 
 log = logging.getLogger("tfshards")
@@ -31,20 +32,28 @@ def add_cache(sub: argparse._SubParsersAction) -> None:
         help="list or clear the disk caches of a dataset",
         description="Show the disk cache entries (state and size) under DIR, a dataset folder "
         "(its cache beside the shards and, for a read-only folder, the one under the user "
-        "cache folder) or a cache folder given to read(cache=...), or remove them all.",
+        "cache folder) or a cache folder given to read(cache=...), or remove them. An entry "
+        "is stale when its dataset's shards changed (convert --overwrite) or are gone: it "
+        "is never read again. Only folders proven to be tfshards cache entries are listed "
+        "or removed; a folder that is neither a dataset's nor holds cache entries is "
+        "refused. No TensorFlow is imported.",
     )
     p.add_argument("action", choices=("list", "clear"), help="list entries, or remove them")
     p.add_argument("dir", help=f"dataset folder (its {CACHE_DIR_NAME}) or cache folder")
-    p.set_defaults(run=_run_cache, tensorflow=True)
+    p.add_argument("--stale", action="store_true", help="clear: remove the stale entries only")
+    p.set_defaults(run=_run_cache)
 
 
 def _run_cache(args: argparse.Namespace) -> int:
     from tfshards.readers.cache import clear_caches, list_caches
 
     if args.action == "clear":
-        freed = clear_caches(args.dir)
-        print(f"removed the caches under {args.dir}: {freed / 2**20:.1f} MiB freed")
+        freed = clear_caches(args.dir, stale=args.stale)
+        which = "stale caches" if args.stale else "caches"
+        print(f"removed the {which} under {args.dir}: {freed / 2**20:.1f} MiB freed")
         return 0
+    if args.stale:
+        raise OptionsError("--stale goes with `cache clear` (`cache list` shows every state)")
     entries = list_caches(args.dir)
     if not entries:
         print(f"no caches under {args.dir}")

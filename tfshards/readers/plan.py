@@ -154,6 +154,8 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
     unordered = _unordered_because(shards, shape, sizing, a["service"])
+    if not unordered and pipeline[1] > 1 and cache.kind != "none":
+        raise OptionsError(_no_cache_across_pipelines(cache, pipeline[1], shards.records))
     if unordered and pipeline[1] > 1:  # these paths share the shards out by file
         shards = split_shards(
             path,
@@ -198,6 +200,22 @@ def _unordered_because(
     if shape[0] is None or sizing.active:
         return "records of many sizes are cropped or padded one pair at a time"
     return None
+
+
+def _no_cache_across_pipelines(cache: CachePlan, pipelines: int, records: int) -> str:
+    """Why a cache with several input pipelines is refused on the ordered path."""
+    where = "on disk (cache=True or a folder)"
+    if cache.kind == "memory":
+        where = "in memory (cache='memory')"
+    return (
+        f"a cache {where} cannot be combined with input_context ({pipelines} input "
+        "pipelines): each pipeline reads only its slice of every epoch's one global order, "
+        f"so none reads all {records} records its cache must hold: it would never be "
+        "complete, each host would fill a full-size cache of its own, and every epoch "
+        "would decode again. Pass cache=None (each "
+        "pipeline decodes only its slice), or cache with one input pipeline (no "
+        "input_context: strategy.experimental_distribute_dataset splits its batches)"
+    )
 
 
 def _split_records(shards: SplitShards, options: ReadOptions) -> SplitRecords:

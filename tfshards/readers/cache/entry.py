@@ -1,6 +1,6 @@
-"""A disk cache entry: its folder layout, names, ``info.json``, size check and locking.
+"""A disk cache entry being built or read: its part files, size check and locking.
 
-Layout::
+Layout (the names, ``info.json``, listing and clearing: entries.py, without TensorFlow)::
 
     <cache root>/<fingerprint>/info.json        what the entry holds (CacheInfo)
     <cache root>/<fingerprint>/ready/part-K.*   the published part files (layouts.py)
@@ -23,44 +23,39 @@ sees a build it finished as missing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
 import socket
-import threading
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import tensorflow as tf
 
-from tfshards import storage
 from tfshards.errors import TfshardsError
+from tfshards.readers.cache.entries import (
+    BUILDING_PREFIX,
+    INFO_FILE,
+    READY_DIR,
+    CacheFolderError,
+    CacheInfo,
+    fingerprint,
+    publishing,
+    wait_for_publishing,
+)
 from tfshards.readers.cache.layouts import CACHE_PARTS, PartLayout, Shape, layout_for, part_count
 from tfshards.readers.shards import SplitShards
-from tfshards.schemas.format import CACHE_DIR_NAME, MANIFEST_NAME
 from tfshards.sources.folders import process_alive, user_cache_dir
 
-# 3: fixed-size entries are two flat files read by index (store.py); entries of older
-# formats, including any built by a pass that overlapped `convert --overwrite`, are not read.
-CACHE_FORMAT = 3
-INFO_FILE = "info.json"
-READY_DIR = "ready"
-BUILDING_PREFIX = ".building-"
+# Also imported from here (store.py): the names live in entries.py, one place.
+__all__ = ["CacheSpaceError", "DiskCache", "publishing", "wait_for_publishing"]
+
 log = logging.getLogger("tfshards")
-# Entries whose finished build this process is putting on disk: entry folder -> thread.
-_publishing: dict[Path, threading.Thread] = {}
-_publishing_lock = threading.Lock()
 
 
 class CacheSpaceError(TfshardsError):
     """The disk lacks room for the cache that would be built."""
-
-
-class CacheFolderError(TfshardsError):
-    """A cache folder cannot be created, written or removed (names it and the cause)."""
 
 
 def _unwritable(folder: Path, exc: OSError) -> str:
@@ -72,39 +67,6 @@ def _unwritable(folder: Path, exc: OSError) -> str:
         "make that writable, set XDG_CACHE_HOME, pass cache='a/writable/folder', or "
         "cache=None to stream"
     )
-
-
-@dataclass(frozen=True)
-class CacheInfo:
-    """What an entry holds, as written to its ``info.json``."""
-
-    dataset: str
-    split: str
-    shape: Shape
-    pipeline: tuple[int, int]
-    records: int
-    cache_format: int = CACHE_FORMAT
-    files: str = "parts"  # "flat": two flat files read by index (store.py); "parts": layouts.py
-
-    @classmethod
-    def load(cls, entry: Path) -> CacheInfo | None:
-        """The entry's info; None when it has none yet or it is unreadable."""
-        try:
-            body = json.loads((entry / INFO_FILE).read_text())
-            return cls(
-                dataset=body["dataset"],
-                split=body["split"],
-                shape=tuple(body["shape"]),
-                pipeline=tuple(body["pipeline"]),
-                records=int(body["records"]),
-                cache_format=int(body.get("cache_format", CACHE_FORMAT)),
-                files=str(body.get("files", "parts")),
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def save(self, entry: Path) -> None:
-        (entry / INFO_FILE).write_text(json.dumps(asdict(self), indent=2))
 
 
 @dataclass(frozen=True)
@@ -133,7 +95,15 @@ class DiskCache:
             shards.records,
             files=files,
         )
-        return cls(root / _fingerprint(shards, shape, pipeline, files), info)
+        name = fingerprint(
+            shards.manifest.schema_version,
+            shards.split,
+            tuple(shape),
+            tuple(pipeline),
+            files,
+            [shard.sha256 for shard in shards.shards],
+        )
+        return cls(root / name, info)
 
     @classmethod
     def at(cls, folder: Path) -> DiskCache:
@@ -232,56 +202,6 @@ class DiskCache:
         log.info("building the disk cache in %s while the first epoch streams", self.folder)
 
 
-def publishing(entry: Path, thread: threading.Thread) -> None:
-    """Note that ``thread`` (started) is publishing ``entry``'s finished build."""
-    with _publishing_lock:
-        _publishing[entry] = thread
-
-
-def wait_for_publishing(entry: Path | None = None) -> None:
-    """Return once this process has published (or given up on) the finished build of
-    ``entry``, or of every entry when None: bounded by the disk writing what is left."""
-    with _publishing_lock:
-        threads = [t for folder, t in _publishing.items() if entry in (None, folder)]
-    for thread in threads:
-        if thread is not threading.current_thread():
-            thread.join()
-    with _publishing_lock:
-        for folder, thread in list(_publishing.items()):
-            if not thread.is_alive():
-                del _publishing[folder]
-
-
-def _fingerprint(shards: SplitShards, shape: Shape, pipeline: tuple[int, int], files: str) -> str:
-    body = {
-        "cache_format": CACHE_FORMAT,
-        "files": files,
-        "schema_version": shards.manifest.schema_version,
-        "split": shards.split,
-        "pipeline": list(pipeline),
-        "shape": list(shape),
-        "dtype": "uint8",
-        "shards": [shard.sha256 for shard in shards.shards],
-    }
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def default_cache_root(dataset: Path | str) -> Path:
-    """Beside the shards when that folder is writable, else in the user's cache folder
-    (always there for a dataset at a URL)."""
-    if isinstance(dataset, str):
-        return user_cache_dir() / "decoded" / hashlib.sha256(dataset.encode()).hexdigest()[:16]
-    beside = dataset / CACHE_DIR_NAME
-    if os.access(dataset, os.W_OK):
-        return beside
-    return _fallback_root(dataset)
-
-
-def _fallback_root(dataset: Path) -> Path:
-    """Where the caches of a dataset in a read-only folder live."""
-    return user_cache_dir() / hashlib.sha256(str(dataset.resolve()).encode()).hexdigest()[:16]
-
-
 def _remove_abandoned_builds(entry: Path) -> None:
     """Building folders of processes on this host that no longer run."""
     host = socket.gethostname()
@@ -289,66 +209,3 @@ def _remove_abandoned_builds(entry: Path) -> None:
         parts = folder.name[len(BUILDING_PREFIX) :].rsplit("-", 2)
         if len(parts) == 3 and parts[0] == host and not process_alive(int(parts[1])):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """An entry as listed by ``tfshards cache``: its state and size on disk."""
-
-    path: Path
-    state: str  # "ready" or "incomplete"
-    bytes: int
-    info: CacheInfo | None
-
-    def describe(self) -> str:
-        """One line: path, state, size, split and shape."""
-        split = self.info.split if self.info else "?"
-        shape = "x".join(str(n) for n in self.info.shape) if self.info else "?"
-        return (
-            f"{self.path}  {self.state:10s} {self.bytes / 2**20:9.1f} MiB  "
-            f"split={split} shape={shape}"
-        )
-
-
-def list_caches(root: str | os.PathLike) -> list[CacheEntry]:
-    """Cache entries under a cache root, a dataset folder (its cache folder beside the
-    shards and, for a read-only folder, the one under the user cache folder), or a
-    dataset's URL (its decoded cache under the user cache folder); builds this process
-    finished are listed once published."""
-    wait_for_publishing()
-    entries = []
-    for folder in _cache_roots_of(root):
-        if not folder.is_dir():
-            continue
-        for entry in sorted(p for p in folder.iterdir() if p.is_dir()):
-            state = "ready" if (entry / READY_DIR).is_dir() else "incomplete"
-            size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
-            entries.append(CacheEntry(entry, state, size, CacheInfo.load(entry)))
-    return entries
-
-
-def clear_caches(root: str | os.PathLike) -> int:
-    """Remove every cache entry under root (as :func:`list_caches` finds them); return the
-    bytes freed. Raises CacheFolderError naming an entry that cannot be removed."""
-    freed = 0
-    for entry in list_caches(root):
-        try:
-            shutil.rmtree(entry.path)
-        except OSError as exc:
-            cause = exc.strerror or str(exc)
-            raise CacheFolderError(
-                f"cannot remove the cache entry {entry.path}: {cause} ({exc.filename}); "
-                f"{freed / 2**20:.1f} MiB freed before it"
-            ) from exc
-        freed += entry.bytes
-    return freed
-
-
-def _cache_roots_of(location: str | os.PathLike) -> list[Path]:
-    if storage.is_url(location):
-        return [default_cache_root(str(location).rstrip("/"))]
-    path = Path(location)
-    if (path / MANIFEST_NAME).is_file() or (path / CACHE_DIR_NAME).is_dir():
-        # Beside the shards while the folder was writable; else under the user cache.
-        return [path / CACHE_DIR_NAME, _fallback_root(path)]
-    return [path]
