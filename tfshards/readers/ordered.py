@@ -233,12 +233,17 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
         finish = _per_pair(finish, plan.shape)
     floats = None if reader.image_buffers is None else _body(reader, "floats")
 
+    index, count = plan.pipeline
+
     def finished(step, image, mask):
         if floats is not None:
             image = tf.ensure_shape(tf.py_function(floats, [image], tf.float32), image.shape)
         image, mask = finish(image, mask)
         if finishing.layer is not None:
-            image, mask = finishing.layer(image, mask, step)
+            # The layer's draws are seeded by the batch's place among all pipelines'
+            # batches (step s of pipeline p is batch p of round s), so pipelines draw
+            # apart and each (seed, epoch, batch, pipeline) draws the same every time.
+            image, mask = finishing.layer(image, mask, step * count + index)
         return image, mask
 
     # Sequential when a layer draws random numbers: its draws are seeded per batch, and a
