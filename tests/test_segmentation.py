@@ -3,6 +3,9 @@ ignore labels from conversion to the loss."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -211,6 +214,39 @@ def test_pipelines_draw_their_own_augmentations_reproducibly(tmp_path):
     assert batches(0) == first and batches(1) == second
     for pipeline, whole in enumerate((first, second)):
         assert batches(pipeline, start=(0, 2), epochs=1) == whole[2:6], "resumed otherwise"
+
+
+JAX_FILLS = """
+import sys
+import keras, numpy as np, tensorflow as tf
+import tfshards
+assert keras.backend.backend() == "jax", keras.backend.backend()
+layer = keras.Sequential([keras.layers.RandomRotation(0.4, fill_mode="constant",
+                                                      interpolation="nearest", seed=1)])
+draws = []
+for pipeline in (0, 1):
+    context = tf.distribute.InputContext(2, pipeline, 2)
+    ds = tfshards.read(sys.argv[1], batch_size=8, seed=5, image_dtype="uint8",
+                       augment=layer, input_context=context)
+    images, masks = (t.numpy() for t in next(iter(ds)))
+    filled = images[..., :1] == 0
+    assert filled.mean() > 0.05 and np.all(masks[filled] == 255), np.unique(masks[filled])
+    level = int(sys.argv[2])
+    assert np.array_equal(masks[~filled], images[..., :1][~filled] // level - 1)
+    draws.append(filled)
+assert not np.array_equal(*draws), "the pipelines drew alike"
+print("jax ok")
+"""
+
+
+def test_fills_and_pipelines_under_the_jax_backend(tmp_path):
+    pytest.importorskip("jax")
+    shards = same_pairs_dataset(tmp_path)
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", JAX_FILLS, str(shards), str(LEVEL)], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "jax ok" in run.stdout
 
 
 def voc_like(root: Path, count: int = 12) -> tuple[Path, Path]:
