@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_pairs
 from PIL import Image
 
 import tfshards
@@ -175,6 +176,31 @@ def test_a_plain_function_keeps_the_masks_it_makes(tmp_path):
     ds = tfshards.read(shards, batch_size=8, shuffle=False, augment=shift, image_dtype="uint8")
     masks = next(iter(ds))[1].numpy()
     assert np.all(masks[:, :4] == 0)
+
+
+def test_filled_pixels_on_the_per_pair_path_and_refusals(tmp_path):
+    """Crops (read pair by pair) fill alike; fills that cannot be told from classes are
+    refused, naming the way out."""
+    shards = class_levels_dataset(tmp_path / "a")
+    rotation = FILLING["rotation"](fill_mode="constant", interpolation="nearest", seed=3)
+    ds = tfshards.read(shards, batch_size=8, crop_size=(24, 24), augment=rotation, seed=0,
+                       image_dtype="uint8")  # fmt: skip
+    images, masks = (t.numpy() for t in next(iter(ds)))
+    filled, classes = filled_and_classes(images, 0)
+    assert filled.mean() > 0.05 and np.all(masks[filled] == 255)
+    assert np.array_equal(masks[~filled], classes[~filled])
+    huge = keras.layers.RandomTranslation(0.2, 0.2, fill_mode="constant", fill_value=5000.0)
+    with pytest.raises(tfshards.OptionsError, match="fill_value=5000.0.*below 1792"):
+        tfshards.read(shards, batch_size=8, augment=huge)
+
+    images_dir, masks_dir = write_pairs(tmp_path / "b", count=4, size=(16, 16), classes=256)
+    every = tmp_path / "every"
+    tfshards.convert(images_dir, masks_dir, every, num_classes=256, workers=1, progress=False)
+    with pytest.raises(tfshards.OptionsError, match="no ignore label, while 255 is one of"):
+        tfshards.read(every, batch_size=4, augment=keras.Sequential([rotation]))
+    flips = keras.layers.RandomFlip(seed=1)  # fills nothing: 255 stays a class
+    masks = next(iter(tfshards.read(every, batch_size=4, augment=flips)))[1].numpy()
+    assert masks.max() == 255
 
 
 def same_pairs_dataset(root: Path, count: int = 16) -> Path:
