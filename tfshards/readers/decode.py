@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfshards.errors import OptionsError
 from tfshards.readers.shards import SplitShards
+from tfshards.readers.sizing import DEFAULT_PAD_LABEL
 from tfshards.schemas.format import Encoding, image_encoding, mask_encoding
 from tfshards.schemas.record import tf_feature_spec
 
@@ -323,8 +324,9 @@ def layer_augmenter(
     def augment(
         image: tf.Tensor, mask: tf.Tensor, step: tf.Tensor | None = None
     ) -> tuple[tf.Tensor, tf.Tensor]:
-        """``step`` (the batch's position) reseeds the layer's generators first, so a
-        batch's random draws depend on its position, not on how many came before."""
+        """``step`` (the batch's place among all input pipelines' batches) reseeds the
+        layer's generators first, so a batch's random draws depend on its position, not
+        on how many came before."""
         if step is not None:
             with tf.control_dependencies(reseeded(layer, step, seed)):
                 image, mask = tf.identity(image), tf.identity(mask)
@@ -376,8 +378,6 @@ def fill_label(shards: SplitShards, layer=None) -> int:
     """The mask value of pixels no record holds (filled by a layer, padded by pad_to or a
     crop): the dataset's ignore label, else DEFAULT_PAD_LABEL. With no ignore label and
     DEFAULT_PAD_LABEL a class, a ``layer`` that fills constants is refused."""
-    from tfshards.readers.sizing import DEFAULT_PAD_LABEL
-
     ignore = shards.manifest.mask.ignore_label
     if ignore is not None:
         return ignore

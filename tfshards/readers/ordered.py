@@ -5,7 +5,8 @@
       -> raw/deflate decoded into one array in the same call (sources/pixel_batches.py);
          PNG/JPEG (or records to resize) by TensorFlow, one record at a time
       -> kept in the cache while it is being built
-      -> finished (dtype, one-hot) -> a Keras layer seeded from (seed, epoch, batch)
+      -> finished (dtype, one-hot) -> a Keras layer seeded from (seed, epoch, batch,
+         pipeline)
 
 Each iteration of the dataset starts where its :class:`Cursor` says: the step after the
 previous iteration, or where :class:`tfshards.ResumeCallback` puts it. A step is a batch
