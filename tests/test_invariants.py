@@ -1,15 +1,18 @@
 """The invariants of read(), over a sample of its option space (issue 28's matrix).
 
 Encodings x compressions x cache x image dtype x shuffle x seed x sizing x augment x
-batch size, sampled with a fixed seed so every pair of option values is tried together
-at least once (pairwise coverage), within about a minute on two cores. For each
-combination, over two epochs:
+batch size x input pipelines, sampled with a fixed seed so every pair of option values
+is tried together at least once (pairwise coverage), plus a few triples, within about
+a minute on two cores. For each combination, over two epochs:
 
 - every pair exactly once per epoch;
 - shapes and dtypes as documented;
 - ``cardinality()`` equal to the batches produced, the partial batch last;
 - the mask still the one of its image (so augmentation moved both alike);
-- with a seed, the same epochs in another process.
+- with a seed, the same epochs in another process;
+- with several input pipelines, every pair at most once over all of them (every pair
+  once where pipelines share the shards out by file; the whole rounds of the order where
+  they read by index), and augmentation drawn apart on each.
 
 Pairs are told apart by their pixels: each image is a checkerboard of flat 8x8 blocks
 (exact under JPEG too: a flat block has no AC coefficients), its "on" level unique to
@@ -48,6 +51,7 @@ FACTORS = {
     "sizing": ("fixed", "crop", "pad"),
     "augment": (False, True),
     "batch_size": (4, 5),
+    "pipelines": (1, 2),  # input pipelines, each reading batches of batch_size
 }
 EPOCHS = 2
 # Issue 28 point 10: streaming, shuffled and unseeded, the partial batch was sometimes not
@@ -67,6 +71,7 @@ class Combination:
     sizing: str
     augment: bool
     batch_size: int
+    pipelines: int = 1
 
     @property
     def streaming_unseeded_shuffle(self) -> bool:
@@ -76,6 +81,14 @@ class Combination:
     def dataset(self) -> str:
         size = "fixed" if self.sizing == "fixed" else "variable"
         return f"{self.encoding}-{self.compression}-{size}"
+
+
+# Triples pairwise coverage may miss: augmented batches read by index on two pipelines
+# (issue 43 point 7: the pipelines drew alike), seeded and not.
+REQUIRED = tuple(
+    Combination("raw", "none", cache, "uint8", True, seed, "fixed", True, 4, 2)
+    for cache, seed in (("none", 7), ("disk", None))
+)
 
 
 def sampled_combinations(seed: int = 28, extra: int = 6) -> list[Combination]:
@@ -99,6 +112,7 @@ def sampled_combinations(seed: int = 28, extra: int = 6) -> list[Combination]:
         chosen.append(Combination(**best))
     others = (Combination(**c) for c in candidates)
     chosen += list(itertools.islice((c for c in others if c not in chosen), extra))
+    chosen += [c for c in REQUIRED if c not in chosen]
     if POINT_10_SEED is not None:
         chosen = [replace(c, seed=POINT_10_SEED) if c.streaming_unseeded_shuffle else c
                   for c in chosen]  # fmt: skip
@@ -162,17 +176,22 @@ def level_table(dataset: Path) -> dict[int, tuple[str, int]]:
 # ---------------------------------------------------------------- reading
 
 
-def read(dataset: Path, combination: Combination, cache_root: Path):
+def read(dataset: Path, combination: Combination, cache_root: Path, pipeline: int = 0):
     import keras
+    import tensorflow as tf
 
     import tfshards
 
     c = combination
-    cache = {"none": None, "memory": "memory", "disk": cache_root / "cache"}[c.cache]
-    flip = keras.layers.RandomFlip("horizontal_and_vertical", seed=c.seed or 1)
+    cache = {"none": None, "memory": "memory", "disk": cache_root / f"cache-{pipeline}"}[c.cache]
+    # Keras flips both axes or neither ("horizontal_and_vertical"): a turn by 180 degrees,
+    # which leaves a checkerboard as it was. A left-right flip turns its parity.
+    flip = keras.layers.RandomFlip("horizontal", seed=c.seed or 1)
+    # One replica per pipeline: each pipeline's batches hold batch_size pairs.
+    context = tf.distribute.InputContext(c.pipelines, pipeline, c.pipelines)
     return tfshards.read(
         dataset,
-        batch_size=c.batch_size,
+        batch_size=c.batch_size * c.pipelines,
         cache=cache,
         image_dtype=c.image_dtype,
         shuffle=c.shuffle,
@@ -180,18 +199,29 @@ def read(dataset: Path, combination: Combination, cache_root: Path):
         crop_size=CROP if c.sizing == "crop" else None,
         pad_to=PAD if c.sizing == "pad" else None,
         augment=keras.Sequential([flip]) if c.augment else None,
+        input_context=context if c.pipelines > 1 else None,
     )
 
 
-def epoch_keys(ds, combination: Combination, table: dict) -> tuple[list[str], list[int]]:
-    """(the key of each element, in order; the size of each batch), checking each element."""
-    keys, sizes = [], []
+def epoch_keys(ds, combination: Combination, table: dict) -> tuple[list[str], list[int], list]:
+    """(the key of each element, in order; the size of each batch; whether each element
+    was flipped an odd number of times, where sizing="fixed" tells), checking each."""
+    keys, sizes, flips = [], [], []
     for images, masks in ds:
         check_batch(images, masks, combination)
         sizes.append(int(images.shape[0]))
         for image, mask in zip(images.numpy(), masks.numpy(), strict=True):
             keys.append(identify(image, mask[:, :, 0], combination, table))
-    return keys, sizes
+            flips.append(odd_flip(mask[:, :, 0], keys[-1], combination))
+    return keys, sizes, flips
+
+
+def odd_flip(mask: np.ndarray, key: str, combination: Combination) -> bool | None:
+    """A flip of a whole 32x32 checkerboard (4 blocks a side) turns its parity: block (0, 0)
+    is "on" unflipped where the pair's index is odd. None where crops or pads hide it."""
+    if combination.sizing != "fixed":
+        return None
+    return bool(mask[0, 0] == 1) != (int(key) % 2 == 1)
 
 
 def check_batch(images, masks, combination: Combination) -> None:
@@ -218,10 +248,20 @@ def identify(image: np.ndarray, mask: np.ndarray, combination: Combination, tabl
 
 
 def run_epochs(dataset: Path, combination: Combination, cache_root: Path) -> dict:
+    """Each epoch's keys (all pipelines', one after the other) and the batch sizes, the
+    cardinality and the flips of each pipeline."""
     table = level_table(dataset)
-    ds = read(dataset, combination, cache_root)
-    epochs = [epoch_keys(ds, combination, table) for _ in range(EPOCHS)]
-    return {"cardinality": int(ds.cardinality()), "epochs": epochs, "keys": len(table)}
+    readers = [read(dataset, combination, cache_root, p) for p in range(combination.pipelines)]
+    epochs, flips = [], [[] for _ in readers]
+    for _ in range(EPOCHS):
+        keys, sizes = [], []
+        for pipeline, ds in enumerate(readers):
+            their_keys, their_sizes, their_flips = epoch_keys(ds, combination, table)
+            keys, flips[pipeline] = keys + their_keys, flips[pipeline] + their_flips
+            sizes.append(their_sizes)
+        epochs.append((keys, sizes))
+    cardinality = [int(ds.cardinality()) for ds in readers]
+    return {"cardinality": cardinality, "epochs": epochs, "keys": len(table), "flips": flips}
 
 
 # ---------------------------------------------------------------- the test
@@ -253,7 +293,7 @@ def test_read_invariants_over_a_sample_of_its_options(tmp_path):
 
 
 def test_a_ready_disk_cache_serves_the_epochs_its_builder_served(tmp_path):
-    combination = Combination("deflate", "none", "disk", "uint8", True, 7, "fixed", False, 5)
+    combination = Combination("deflate", "none", "disk", "uint8", True, 7, "fixed", False, 5, 1)
     datasets = make_datasets(tmp_path, {combination.dataset})
     built = run_epochs(datasets[combination.dataset], combination, tmp_path / "caches" / "0")
     check_epochs(built, combination)
@@ -263,17 +303,43 @@ def test_a_ready_disk_cache_serves_the_epochs_its_builder_served(tmp_path):
 
 
 def check_epochs(result: dict, combination: Combination) -> None:
+    if combination.pipelines == 1:
+        check_one_pipeline(result, combination)
+    else:
+        check_pipelines(result, combination)
+    if combination.shuffle:
+        first, second = (keys for keys, _ in result["epochs"])
+        assert first != second, "the same order in two epochs"
+
+
+def check_one_pipeline(result: dict, combination: Combination) -> None:
     every = sorted(f"{i:03d}" for i in range(PAIRS))
-    for keys, sizes in result["epochs"]:
+    for keys, [sizes] in result["epochs"]:
         assert sorted(keys) == every, "not every pair exactly once"
-        assert len(sizes) == result["cardinality"], (sizes, result["cardinality"])
+        assert len(sizes) == result["cardinality"][0], (sizes, result["cardinality"])
         full = [s == combination.batch_size for s in sizes]
         assert all(full[:-1]) and sizes[-1] == PAIRS % combination.batch_size, (
             f"the partial batch is not last: {sizes}"
         )
-    if combination.shuffle:
-        first, second = (keys for keys, _ in result["epochs"])
-        assert first != second, "the same order in two epochs"
+
+
+def check_pipelines(result: dict, combination: Combination) -> None:
+    """Read by index (sizing "fixed"): whole rounds only, equal batches on every pipeline.
+    Per pair (crops, pads): each pipeline its shards, the partial batch last on each."""
+    c = combination
+    for keys, sizes in result["epochs"]:
+        assert len(set(keys)) == len(keys), "a pair read twice in an epoch"
+        assert [len(s) for s in sizes] == result["cardinality"], (sizes, result["cardinality"])
+        if c.sizing == "fixed":
+            rounds = PAIRS // (c.pipelines * c.batch_size)
+            assert sizes == [[c.batch_size] * rounds] * c.pipelines, sizes
+        else:
+            assert len(keys) == PAIRS, "not every pair once over the pipelines"
+            for their in sizes:
+                assert all(s == c.batch_size for s in their[:-1]) and their[-1] <= c.batch_size
+    flips = result["flips"]
+    if c.augment and c.sizing == "fixed":
+        assert len(set(map(tuple, flips))) == c.pipelines, f"pipelines flipped alike: {flips}"
 
 
 def other_process(

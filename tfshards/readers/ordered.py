@@ -5,7 +5,8 @@
       -> raw/deflate decoded into one array in the same call (sources/pixel_batches.py);
          PNG/JPEG (or records to resize) by TensorFlow, one record at a time
       -> kept in the cache while it is being built
-      -> finished (dtype, one-hot) -> a Keras layer seeded from (seed, epoch, batch)
+      -> finished (dtype, one-hot) -> a Keras layer seeded from (seed, epoch, batch,
+         pipeline)
 
 Each iteration of the dataset starts where its :class:`Cursor` says: the step after the
 previous iteration, or where :class:`tfshards.ResumeCallback` puts it. A step is a batch
@@ -233,12 +234,17 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
         finish = _per_pair(finish, plan.shape)
     floats = None if reader.image_buffers is None else _body(reader, "floats")
 
+    index, count = plan.pipeline
+
     def finished(step, image, mask):
         if floats is not None:
             image = tf.ensure_shape(tf.py_function(floats, [image], tf.float32), image.shape)
         image, mask = finish(image, mask)
         if finishing.layer is not None:
-            image, mask = finishing.layer(image, mask, step)
+            # The layer's draws are seeded by the batch's place among all pipelines'
+            # batches (step s of pipeline p is batch p of round s), so pipelines draw
+            # apart and each (seed, epoch, batch, pipeline) draws the same every time.
+            image, mask = finishing.layer(image, mask, step * count + index)
         return image, mask
 
     # Sequential when a layer draws random numbers: its draws are seeded per batch, and a

@@ -13,9 +13,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfshards.readers.cache import DiskCache, default_cache_root, disk_cached
-from tfshards.readers.decode import decoded_pairs
+from tfshards.readers.decode import decoded_pairs, fill_label
 from tfshards.readers.plan import ReadPlan
-from tfshards.readers.sizing import DEFAULT_PAD_LABEL, sized_pairs
+from tfshards.readers.sizing import sized_pairs
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -79,9 +79,7 @@ def sized(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     """Pairs of many sizes cropped/padded to one (the plan's sizing), when asked."""
     if not plan.sizing.active:
         return pairs
-    ignore = plan.shards.manifest.mask.ignore_label
-    pad = DEFAULT_PAD_LABEL if ignore is None else ignore
-    return sized_pairs(pairs, plan.sizing, pad, seed=plan.seed)
+    return sized_pairs(pairs, plan.sizing, fill_label(plan.shards), seed=plan.seed)
 
 
 def batched(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
