@@ -271,3 +271,23 @@ def test_demo_names_no_folder_it_deleted():
     summary = run_demo(count=8, size=16, progress=False)
     assert "tfshards-demo-" not in summary, summary
     assert "now deleted" in summary and "cache: in the temporary folder" in summary
+
+
+def test_a_misspelled_option_gets_the_commands_usage_and_the_nearest_option(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 2)
+    start = [*convert_args(images, masks, tmp_path / "out")][1:]  # without -q
+    cases = {
+        ("--val-fration", "0.1"): "did you mean --val-fraction?",
+        ("--binary-mask", "--val-fration=0.1"): "did you mean --binary-masks and --val-fraction?",
+        ("-q",): "put -q first: tfshards -q convert ...",
+        ("--zzz",): "unrecognized arguments: --zzz\n",
+    }
+    for typo, said in cases.items():
+        with pytest.raises(SystemExit) as exit_info:
+            main([*start, *typo])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2
+        assert err.startswith("usage: tfshards convert [-h] --images IMAGES"), err
+        assert f"tfshards convert: error: unrecognized arguments: {' '.join(typo)}" in err
+        assert said in err
+    assert not (tmp_path / "out").exists()

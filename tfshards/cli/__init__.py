@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
+import functools
 import logging
 import os
 import sys
@@ -99,6 +101,33 @@ def _end_progress_bars() -> None:
         bar.close()
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: words it does not know are its error, with its usage and the
+    nearest option it has (argparse hands them up to ``tfshards``' own parser, whose usage
+    names no option of the subcommand)."""
+
+    def __init__(self, *, outer: argparse.ArgumentParser, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.outer = outer
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}{self._hint(unknown)}")
+        return namespace, unknown
+
+    def _hint(self, unknown: list[str]) -> str:
+        flags = [word.split("=", 1)[0] for word in unknown if word.startswith("-")]
+        outer = [flag for flag in flags if flag in self.outer._option_string_actions]
+        if outer:
+            first = " ".join(outer)
+            command = self.prog.rsplit(" ", 1)[-1]
+            return f"; put {first} first: {self.outer.prog} {first} {command} ..."
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        near = [match for flag in flags for match in difflib.get_close_matches(flag, options, 1)]
+        return f"; did you mean {' and '.join(near)}?" if near else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfshards",
@@ -108,7 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        parser_class=functools.partial(_CommandParser, outer=parser),
+    )
     for add in SUBCOMMANDS:
         add(sub)
     for subcommand in sub.choices.values():  # a typo such as --binary-mask is an error
