@@ -147,7 +147,11 @@ def test_verify_on_an_unfinished_or_empty_folder_is_one_line(tmp_path, capsys):
         out, err = capsys.readouterr()
         assert out == ""
         lines = err.strip().splitlines()
-        assert len(lines) == 1 and "no manifest" in lines[0] and "not a finished dataset" in err
+        assert len(lines) == 1
+        if folder.name == "missing":
+            assert lines[0].endswith("missing: no such folder")
+            continue
+        assert "no manifest" in lines[0] and "not a finished dataset" in err
         assert "--resume" in err
 
 
@@ -291,3 +295,22 @@ def test_a_misspelled_option_gets_the_commands_usage_and_the_nearest_option(tmp_
         assert f"tfshards convert: error: unrecognized arguments: {' '.join(typo)}" in err
         assert said in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_path_that_does_not_exist_is_said_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    (tmp_path / "unfinished").mkdir()
+    said = {
+        "nowhere/": "nowhere/?\\)?: no such folder$",  # Pairs names the absolute path
+        "notes.txt": "notes.txt( .*)?: a file, not a dataset folder$",
+        "unfinished": "no manifest .*rerun the conversion",
+    }
+    for path, message in said.items():
+        for open_it in (tfshards.info, tfshards.Pairs, tfshards.read):
+            with pytest.raises(tfshards.ManifestError, match=message):
+                open_it(path)
+        assert main(["inspect", path]) == 1
+        assert re.search(message, capsys.readouterr().err.strip())
+    missing = f"nowhere ({tmp_path / 'nowhere'}): no such folder"
+    assert tfshards.verify("nowhere").problems == [missing]
