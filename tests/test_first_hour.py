@@ -314,3 +314,29 @@ def test_a_dataset_path_that_does_not_exist_is_said_so(tmp_path, capsys, monkeyp
         assert re.search(message, capsys.readouterr().err.strip())
     missing = f"nowhere ({tmp_path / 'nowhere'}): no such folder"
     assert tfshards.verify("nowhere").problems == [missing]
+
+
+def test_refusals_name_the_options_as_the_caller_writes_them(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    out, other = tmp_path / "out", tmp_path / "other"
+    convert(images, masks, out, workers=1, progress=False)
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    said = {  # folder: (what Python's convert says, what the command says)
+        out: (
+            "holds a complete dataset (tfshards.json); pass overwrite=True to replace it, "
+            "or another out folder",
+            "holds a complete dataset (tfshards.json); pass --overwrite to replace it, "
+            "or another --out folder",
+        ),
+        other: (
+            "choose an empty or new out folder, or pass overwrite=True to write",
+            "choose an empty or new --out folder, or pass --overwrite to write",
+        ),
+    }
+    for folder, (python, command) in said.items():
+        with pytest.raises(OutputError) as refused:
+            convert(images, masks, folder, workers=1, progress=False)
+        assert python in str(refused.value) and "--" not in str(refused.value)
+        assert main(convert_args(images, masks, folder)) == 1
+        assert command in " ".join(capsys.readouterr().err.split())
