@@ -11,8 +11,10 @@ import argparse
 import contextlib
 import difflib
 import functools
+import importlib.metadata
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -94,6 +96,20 @@ def _native_stderr_logged():
                 logging.getLogger("tfshards").debug("tensorflow: %s", line)
 
 
+def _needs_tensorflow() -> str:
+    """What to do where TensorFlow is missing (an install without dependencies, for Pairs):
+    the requirement this install of tfshards declares."""
+    try:
+        declared = importlib.metadata.requires("tfshards") or []
+    except importlib.metadata.PackageNotFoundError:  # a clone on PYTHONPATH
+        declared = []
+    wanted = next((r.split(";")[0].strip() for r in declared if re.match(r"tensorflow\b", r)), "")
+    return (
+        "this command needs TensorFlow, which is not installed here; install it with: "
+        f'{sys.executable} -m pip install "{wanted or "tensorflow"}"'
+    )
+
+
 def _end_progress_bars() -> None:
     from tqdm import tqdm
 
@@ -167,10 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose, quiet=args.quiet)
     quiet_tensorflow(verbose=args.verbose)
-    if getattr(args, "tensorflow", False):
-        import_tensorflow(verbose=args.verbose)
     try:
+        if getattr(args, "tensorflow", False):
+            import_tensorflow(verbose=args.verbose)
         return args.run(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "tensorflow":
+            raise
+        print(f"tfshards {args.command}: error: {_needs_tensorflow()}", file=sys.stderr)
+        return 1
     except OptionsError as exc:
         print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
         return 2
