@@ -4,6 +4,7 @@ swapped folders, clean interrupts, no lock files left behind, verify on unfinish
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import signal
@@ -340,3 +341,17 @@ def test_refusals_name_the_options_as_the_caller_writes_them(tmp_path, capsys):
         assert python in str(refused.value) and "--" not in str(refused.value)
         assert main(convert_args(images, masks, folder)) == 1
         assert command in " ".join(capsys.readouterr().err.split())
+
+
+def test_bench_leaves_out_the_disk_caches_lines_at_every_point(tmp_path, caplog):
+    images, masks = write_pairs(tmp_path / "data", 8, size=(8, 8))
+    grid = ["--shards", "1,2", "--encodings", "raw", "--compression", "none"]
+    grid += ["--cycle-lengths", "1", "--repeats", "1", "--report", str(tmp_path / "report")]
+    with caplog.at_level(logging.INFO, logger="tfshards"):
+        assert main(["-q", "bench", "--images", str(images), "--masks", str(masks), *grid]) == 0
+        assert "disk cache" not in caplog.text
+        out = tmp_path / "shards"
+        convert(images, masks, out, workers=1, progress=False, val_fraction=0.0)
+        for _ in tfshards.read(out, batch_size=4, cache=True):  # outside bench: said again
+            pass
+    assert "building the disk cache" in caplog.text and "disk cache ready" in caplog.text

@@ -49,7 +49,7 @@ CACHE_FORMAT = 3
 INFO_FILE = "info.json"
 READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"
-log = logging.getLogger("tfshards")
+log = logging.getLogger(__name__)  # under "tfshards"; `bench` quiets its INFO lines
 # Entries whose finished build this process is putting on disk: entry folder -> thread.
 _publishing: dict[Path, threading.Thread] = {}
 _publishing_lock = threading.Lock()
