@@ -108,6 +108,8 @@ class ConversionProgress:
         updates.put(None)
         for update in iter(updates.get, None):
             self.update(*update)
+        updates.close()  # and its feeder thread in this process, started by the put
+        updates.join_thread()
 
     def close(self, *, finished: bool = True) -> Effort:
         """End the bar; when shown and the job finished, end with a line of what it took
