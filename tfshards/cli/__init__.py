@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import_tensorflow(verbose=args.verbose)
         return args.run(args)
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] != "tensorflow":
+        if exc.name != "tensorflow":  # a broken install keeps its traceback
             raise
         print(f"tfshards {args.command}: error: {_needs_tensorflow()}", file=sys.stderr)
         return 1
