@@ -160,3 +160,11 @@ def test_commands_that_need_tensorflow_say_how_to_install_it(tmp_path, command):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert last.startswith(f"tfshards {name}: error: this command needs TensorFlow")
     assert re.search(f'{re.escape(sys.executable)} -m pip install "tensorflow(>=[.0-9]+)?"$', last)
+
+
+def test_the_install_without_tensorflow_from_a_clone_is_what_ci_runs():
+    page = (ROOT / "docs" / "frameworks.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "    pip install --no-deps .\n" in page  # `--no-deps tfshards` asks an index
+    assert "pip install --quiet --no-deps -e .\n" in ci
+    assert "KERAS_BACKEND=jax" in page.split("## JAX and Grain", 1)[1]
