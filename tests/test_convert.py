@@ -383,3 +383,21 @@ def test_progress_counts_from_the_listing_and_ends_with_cpu_per_pair(tmp_path, c
     assert effort.pairs == 6 and effort.source_bytes > 0 and effort.cpu_seconds > 0
     assert 0 < effort.plan_seconds < effort.seconds
     assert f"CPU {effort.cpu_ms_per_pair:.2f} ms per pair" in shown.splitlines()[-1]
+
+
+def test_summary_counts_every_pair_the_workers_converted(tmp_path, capsys):
+    """Workers send progress on a queue that may still be in flight when their last shard's
+    result arrives; the summary must count every pair all the same (it once said 7 of 40)."""
+    from tfshards.converters import ConvertOptions, ConvertRun, run_conversion
+
+    images, masks = write_pairs(tmp_path / "data", 40, size=(16, 16))
+    source = sum(p.stat().st_size for folder in (images, masks) for p in folder.iterdir())
+    options = ConvertOptions(num_shards=4, val_fraction=0.2)
+    for attempt in range(3):  # the race was lost most times; three runs make it certain
+        run = ConvertRun(workers=4, progress=True, overwrite=attempt > 0)
+        result = run_conversion(images, masks, tmp_path / "out", options, run)
+        assert (result.effort.pairs, result.effort.source_bytes) == (40, source)
+        assert capsys.readouterr().err.splitlines()[-1].startswith("tfshards: converted 40 pairs")
+    cli = ["convert", "--images", str(images), "--masks", str(masks), "--out", str(tmp_path / "o")]
+    assert main([*cli, "--workers", "3", "--num-shards", "3"]) == 0
+    assert "tfshards: converted 40 pairs in" in capsys.readouterr().err

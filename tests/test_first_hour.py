@@ -4,6 +4,7 @@ swapped folders, clean interrupts, no lock files left behind, verify on unfinish
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import signal
@@ -147,7 +148,11 @@ def test_verify_on_an_unfinished_or_empty_folder_is_one_line(tmp_path, capsys):
         out, err = capsys.readouterr()
         assert out == ""
         lines = err.strip().splitlines()
-        assert len(lines) == 1 and "no manifest" in lines[0] and "not a finished dataset" in err
+        assert len(lines) == 1
+        if folder.name == "missing":
+            assert lines[0].endswith("missing: no such folder")
+            continue
+        assert "no manifest" in lines[0] and "not a finished dataset" in err
         assert "--resume" in err
 
 
@@ -271,3 +276,82 @@ def test_demo_names_no_folder_it_deleted():
     summary = run_demo(count=8, size=16, progress=False)
     assert "tfshards-demo-" not in summary, summary
     assert "now deleted" in summary and "cache: in the temporary folder" in summary
+
+
+def test_a_misspelled_option_gets_the_commands_usage_and_the_nearest_option(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 2)
+    start = [*convert_args(images, masks, tmp_path / "out")][1:]  # without -q
+    cases = {
+        ("--val-fration", "0.1"): "did you mean --val-fraction?",
+        ("--binary-mask", "--val-fration=0.1"): "did you mean --binary-masks and --val-fraction?",
+        ("-q",): "put -q first: tfshards -q convert ...",
+        ("--zzz",): "unrecognized arguments: --zzz\n",
+    }
+    for typo, said in cases.items():
+        with pytest.raises(SystemExit) as exit_info:
+            main([*start, *typo])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2
+        assert err.startswith("usage: tfshards convert [-h] --images IMAGES"), err
+        assert f"tfshards convert: error: unrecognized arguments: {' '.join(typo)}" in err
+        assert said in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_path_that_does_not_exist_is_said_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    (tmp_path / "unfinished").mkdir()
+    said = {
+        "nowhere/": "nowhere/?\\)?: no such folder$",  # Pairs names the absolute path
+        "notes.txt": "notes.txt( .*)?: a file, not a dataset folder$",
+        "unfinished": "no manifest .*rerun the conversion",
+    }
+    for path, message in said.items():
+        for open_it in (tfshards.info, tfshards.Pairs, tfshards.read):
+            with pytest.raises(tfshards.ManifestError, match=message):
+                open_it(path)
+        assert main(["inspect", path]) == 1
+        assert re.search(message, capsys.readouterr().err.strip())
+    missing = f"nowhere ({tmp_path / 'nowhere'}): no such folder"
+    assert tfshards.verify("nowhere").problems == [missing]
+
+
+def test_refusals_name_the_options_as_the_caller_writes_them(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    out, other = tmp_path / "out", tmp_path / "other"
+    convert(images, masks, out, workers=1, progress=False)
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    said = {  # folder: (what Python's convert says, what the command says)
+        out: (
+            "holds a complete dataset (tfshards.json); pass overwrite=True to replace it, "
+            "or another out folder",
+            "holds a complete dataset (tfshards.json); pass --overwrite to replace it, "
+            "or another --out folder",
+        ),
+        other: (
+            "choose an empty or new out folder, or pass overwrite=True to write",
+            "choose an empty or new --out folder, or pass --overwrite to write",
+        ),
+    }
+    for folder, (python, command) in said.items():
+        with pytest.raises(OutputError) as refused:
+            convert(images, masks, folder, workers=1, progress=False)
+        assert python in str(refused.value) and "--" not in str(refused.value)
+        assert main(convert_args(images, masks, folder)) == 1
+        assert command in " ".join(capsys.readouterr().err.split())
+
+
+def test_bench_leaves_out_the_disk_caches_lines_at_every_point(tmp_path, caplog):
+    images, masks = write_pairs(tmp_path / "data", 8, size=(8, 8))
+    grid = ["--shards", "1,2", "--encodings", "raw", "--compression", "none"]
+    grid += ["--cycle-lengths", "1", "--repeats", "1", "--report", str(tmp_path / "report")]
+    with caplog.at_level(logging.INFO, logger="tfshards"):
+        assert main(["-q", "bench", "--images", str(images), "--masks", str(masks), *grid]) == 0
+        assert "disk cache" not in caplog.text
+        out = tmp_path / "shards"
+        convert(images, masks, out, workers=1, progress=False, val_fraction=0.0)
+        for _ in tfshards.read(out, batch_size=4, cache=True):  # outside bench: said again
+            pass
+    assert "building the disk cache" in caplog.text and "disk cache ready" in caplog.text

@@ -122,3 +122,49 @@ def test_install_metadata_asks_for_tensorflow_never_tensorflow_cpu():
     assert "tensorflow" in names and "tensorflow-cpu" not in names
     for extra in project["optional-dependencies"].values():
         assert not any(d.lower().startswith("tensorflow-cpu") for d in extra)
+
+
+# Python as in an install without TensorFlow (docs/frameworks.md): importing it fails.
+WITHOUT_TENSORFLOW = """
+import sys
+
+class NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoTensorFlow())
+from tfshards.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["demo", "--count", "8", "--size", "16"],
+        ["-v", "demo", "--count", "8", "--size", "16"],  # TensorFlow imported later
+        ["bench", "--synthetic", "8", "--size", "16", "--quick"],
+    ],
+)
+def test_commands_that_need_tensorflow_say_how_to_install_it(tmp_path, command):
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TENSORFLOW, *command],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
+    name = command[1] if command[0] == "-v" else command[0]
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert last.startswith(f"tfshards {name}: error: this command needs TensorFlow")
+    assert re.search(f'{re.escape(sys.executable)} -m pip install "tensorflow(>=[.0-9]+)?"$', last)
+
+
+def test_the_install_without_tensorflow_from_a_clone_is_what_ci_runs():
+    page = (ROOT / "docs" / "frameworks.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "    pip install --no-deps .\n" in page  # `--no-deps tfshards` asks an index
+    assert "pip install --quiet --no-deps -e .\n" in ci
+    assert "KERAS_BACKEND=jax" in page.split("## JAX and Grain", 1)[1]

@@ -279,7 +279,7 @@ def test_a_prefix_without_manifest_is_no_dataset(s3_bucket):
 def test_non_empty_prefix_needs_resume_or_overwrite(tmp_path, s3_bucket):
     images, masks = write_pairs(tmp_path / "data", 10)  # 8 would leave val empty: refused
     storage.write_bytes(f"{s3_bucket}/shards/notes.txt", b"mine")
-    with pytest.raises(OutputError, match=r"shards is not empty .*--overwrite"):
+    with pytest.raises(OutputError, match=r"not empty .*resume=True .* overwrite=True"):
         convert(images, masks, f"{s3_bucket}/shards", workers=1, **SETTINGS)
 
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
+import functools
+import importlib.metadata
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -92,11 +96,52 @@ def _native_stderr_logged():
                 logging.getLogger("tfshards").debug("tensorflow: %s", line)
 
 
+def _needs_tensorflow() -> str:
+    """What to do where TensorFlow is missing (an install without dependencies, for Pairs):
+    the requirement this install of tfshards declares."""
+    try:
+        declared = importlib.metadata.requires("tfshards") or []
+    except importlib.metadata.PackageNotFoundError:  # a clone on PYTHONPATH
+        declared = []
+    wanted = next((r.split(";")[0].strip() for r in declared if re.match(r"tensorflow\b", r)), "")
+    return (
+        "this command needs TensorFlow, which is not installed here; install it with: "
+        f'{sys.executable} -m pip install "{wanted or "tensorflow"}"'
+    )
+
+
 def _end_progress_bars() -> None:
     from tqdm import tqdm
 
     for bar in list(getattr(tqdm, "_instances", ())):
         bar.close()
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: words it does not know are its error, with its usage and the
+    nearest option it has (argparse hands them up to ``tfshards``' own parser, whose usage
+    names no option of the subcommand)."""
+
+    def __init__(self, *, outer: argparse.ArgumentParser, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.outer = outer
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}{self._hint(unknown)}")
+        return namespace, unknown
+
+    def _hint(self, unknown: list[str]) -> str:
+        flags = [word.split("=", 1)[0] for word in unknown if word.startswith("-")]
+        outer = [flag for flag in flags if flag in self.outer._option_string_actions]
+        if outer:
+            first = " ".join(outer)
+            command = self.prog.rsplit(" ", 1)[-1]
+            return f"; put {first} first: {self.outer.prog} {first} {command} ..."
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        near = [match for flag in flags for match in difflib.get_close_matches(flag, options, 1)]
+        return f"; did you mean {' and '.join(near)}?" if near else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,7 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        parser_class=functools.partial(_CommandParser, outer=parser),
+    )
     for add in SUBCOMMANDS:
         add(sub)
     for subcommand in sub.choices.values():  # a typo such as --binary-mask is an error
@@ -133,10 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose, quiet=args.quiet)
     quiet_tensorflow(verbose=args.verbose)
-    if getattr(args, "tensorflow", False):
-        import_tensorflow(verbose=args.verbose)
     try:
+        if getattr(args, "tensorflow", False):
+            import_tensorflow(verbose=args.verbose)
         return args.run(args)
+    except ModuleNotFoundError as exc:
+        if exc.name != "tensorflow":  # a broken install keeps its traceback
+            raise
+        print(f"tfshards {args.command}: error: {_needs_tensorflow()}", file=sys.stderr)
+        return 1
     except OptionsError as exc:
         print(f"tfshards {args.command}: error: {exc}", file=sys.stderr)
         return 2

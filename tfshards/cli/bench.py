@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from tfshards.errors import OptionsError
 from tfshards.schemas.format import NO_COMPRESSION
 
 log = logging.getLogger("tfshards")
+CACHE_LOGGER = "tfshards.readers.cache"  # the disk cache's modules log under it
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -105,13 +107,30 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"{flag} must be a local folder: bench measures this machine's disk "
                 f"(got {storage.display(value)})"
             )
-    with tempfile.TemporaryDirectory(prefix="tfshards-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="tfshards-bench-") as tmp,
+        _cache_lines_quiet(unless=args.verbose),
+    ):
         work = Path(args.work) if args.work else Path(tmp)
         images, masks = _source(args, work)
         if args.compare_baseline:
             return _compare_and_report(args, images, masks, work)
         config = _config(args, images, masks, work)
         return _sweep_and_report(config, Path(args.report), quiet=args.quiet)
+
+
+@contextlib.contextmanager
+def _cache_lines_quiet(*, unless: bool):
+    """The disk cache's INFO lines (building, ready) left out: the bench builds a cache at
+    every point, in its own scratch folder; its warnings still show, everything with -v."""
+    cache_log = logging.getLogger(CACHE_LOGGER)
+    level = cache_log.level
+    if not unless:
+        cache_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        cache_log.setLevel(level)
 
 
 def _source(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:

@@ -273,7 +273,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         runner=runner,
         storage_options=parse_options(args.storage_option),
     )
-    result = run_conversion(args.images, args.masks, args.out, options, run)
+    result = run_conversion(args.images, args.masks, args.out, options, run, cli=True)
     print(conversion_summary(result))
     if args.tfds_metadata:
         from tfshards.schemas.format import TFDS_FILES

@@ -42,6 +42,7 @@ from tfshards.schemas.format import (
 )
 from tfshards.schemas.manifest import Manifest
 from tfshards.storage import StorageOptions
+from tfshards.wording import option
 
 log = logging.getLogger("tfshards")
 
@@ -60,10 +61,12 @@ class BucketOutput:
         resume: bool,
         overwrite: bool,
         storage_options: StorageOptions = None,
+        cli: bool = False,
     ) -> None:
         self.path = url.rstrip("/")
         self.resume = resume
         self.overwrite = overwrite
+        self.cli = cli  # the options in messages: --overwrite, or overwrite=True in Python
         self.storage_options = storage_options
         self.work = storage.join(self.path, WORK_NAME)
         self._leftovers: list[str] = []  # the old dataset's objects, removed after publish
@@ -96,11 +99,14 @@ class BucketOutput:
         elif tops:
             raise OutputError(
                 f"{storage.display(self.path)} is not empty ({len(tops)} entries, e.g. "
-                f"{tops[0]}); pass --resume to finish an interrupted conversion or "
-                "--overwrite to replace it"
+                f"{tops[0]}); pass {self._option('resume')} to finish an interrupted "
+                f"conversion or {self._option('overwrite')} to replace it"
             )
         self._write_json(self._url(WORK_NAME, JOURNAL_JOB), {"fingerprint": fingerprint})
         return self._completed()
+
+    def _option(self, name: str) -> str:
+        return option(name, cli=self.cli)
 
     def _listable(self) -> bool:
         return storage.isdir(self.path, self.storage_options)
@@ -139,12 +145,12 @@ class BucketOutput:
             try:
                 manifest = Manifest.load(self.path, self.storage_options)
             except ManifestError as exc:
-                raise OutputError(f"{exc}; pass --overwrite to replace it") from exc
+                raise OutputError(f"{exc}; pass {self._option('overwrite')} to replace it") from exc
             if manifest.source.get("fingerprint") == fingerprint:
                 return manifest
             raise OutputError(
                 f"{storage.display(self.path)} holds a complete conversion of other inputs or "
-                "options; pass --overwrite to replace it"
+                f"options; pass {self._option('overwrite')} to replace it"
             )
         job = self._job()
         if job is not None and job.get("fingerprint") != fingerprint:
@@ -152,7 +158,7 @@ class BucketOutput:
                 f"{storage.display(self.path)}: the inputs or options changed since the "
                 "interrupted conversion (files added, removed or modified, or different "
                 "options), so its shards cannot be reused; rerun with the same inputs and "
-                "options, or pass --overwrite"
+                f"options, or pass {self._option('overwrite')}"
             )
         if job is None:
             storage.remove(self.work, self.storage_options, recursive=True)

@@ -136,15 +136,18 @@ def run_conversion(
     out: Location,
     options: ConvertOptions,
     run: ConvertRun,
+    *,
+    cli: bool = False,
 ) -> ConvertResult:
-    """The conversion itself, also returning timing and pairing details (used by the CLI)."""
+    """The conversion itself, also returning timing and pairing details (used by the CLI;
+    ``cli``: errors name options as flags, ``--overwrite``, not ``overwrite=True``)."""
     progress = ConversionProgress(run.progress)
     out = out if storage.is_url(out) else Path(out)
     finished = False
     try:
         report, options, specs, source = _plan(images, masks, options, run, progress)
         manifest, written, reused, complete = _write_dataset(
-            out, specs, options, source, report, run, progress
+            out, specs, options, source, report, run, progress, cli
         )
         finished = True
     finally:
@@ -205,12 +208,11 @@ def _plan(
     return report, options, specs, source
 
 
-def _output(out: Location, run: ConvertRun) -> OutputFolder | BucketOutput:
+def _output(out: Location, run: ConvertRun, cli: bool) -> OutputFolder | BucketOutput:
+    modes = {"resume": run.resume, "overwrite": run.overwrite, "cli": cli}
     if storage.is_url(out):
-        return BucketOutput(
-            out, resume=run.resume, overwrite=run.overwrite, storage_options=run.storage_options
-        )
-    return OutputFolder(out, resume=run.resume, overwrite=run.overwrite)
+        return BucketOutput(out, **modes, storage_options=run.storage_options)
+    return OutputFolder(out, **modes)
 
 
 def _write_dataset(
@@ -221,6 +223,7 @@ def _write_dataset(
     report: PairingReport,
     run: ConvertRun,
     progress: ConversionProgress,
+    cli: bool,
 ) -> tuple[Manifest, int, int, bool]:
     """Write the shards not yet done, then the manifest; (manifest, written, reused,
     already complete).
@@ -250,7 +253,7 @@ def _write_dataset(
             results[result.file] = result
         return _manifest(specs, results, options, source, report), len(todo), len(begun), False
 
-    with _output(out, run) as folder:
+    with _output(out, run, cli) as folder:
         if not (isinstance(folder, OutputFolder) and folder.replacing):
             done = fill(folder, out)
             folder.publish(done[0])

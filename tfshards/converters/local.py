@@ -84,11 +84,11 @@ def write_shards(
             progress.drain(updates)
             for future in done:
                 yield future.result()
-        progress.drain(updates)
+        pool.shutdown(wait=True)  # the workers exit, flushing their last updates
+        progress.drain_to_end(updates)
     except BaseException:
         _stop(pool)
         raise
-    pool.shutdown(wait=True)
 
 
 def write_and_upload(

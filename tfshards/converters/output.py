@@ -46,6 +46,7 @@ from tfshards.schemas.format import (
     temporary_path,
 )
 from tfshards.schemas.manifest import Manifest, SkippedPair
+from tfshards.wording import option
 
 log = logging.getLogger("tfshards")
 
@@ -57,10 +58,11 @@ class OutputFolder:
     ...     done = folder.begin(fingerprint)  # doctest: +SKIP
     """
 
-    def __init__(self, path: Path, *, resume: bool, overwrite: bool) -> None:
+    def __init__(self, path: Path, *, resume: bool, overwrite: bool, cli: bool = False) -> None:
         self.path = Path(path)
         self.resume = resume
         self.overwrite = overwrite
+        self.cli = cli  # the options in messages: --overwrite, or overwrite=True in Python
         self.work = self.path / WORK_NAME
         self._lock_file = None
 
@@ -115,14 +117,16 @@ class OutputFolder:
                 self._remove_own_files()
         elif (self.path / MANIFEST_NAME).is_file():
             raise OutputError(
-                f"{self.path} holds a complete dataset ({MANIFEST_NAME}); pass --overwrite to "
-                "replace it, or --out another folder"
+                f"{self.path} holds a complete dataset ({MANIFEST_NAME}); pass "
+                f"{self._option('overwrite')} to replace it, or another "
+                f"{self._option('out', None)} folder"
             )
         elif existing:
             raise OutputError(
                 f"{self.path} is not empty ({len(existing)} entries, e.g. {existing[0].name}) "
-                "and holds no tfshards conversion; choose an empty or new --out folder, or pass "
-                "--overwrite to write the dataset among these files"
+                f"and holds no tfshards conversion; choose an empty or new "
+                f"{self._option('out', None)} folder, or pass {self._option('overwrite')} to "
+                "write the dataset among these files"
             )
         for stale in self.path.glob(f".*{TMP_SUFFIX}"):
             stale.unlink()
@@ -146,18 +150,22 @@ class OutputFolder:
                 return manifest
             raise OutputError(
                 f"{self.path} holds a complete conversion of other inputs or options; "
-                "pass --overwrite to replace it"
+                f"pass {self._option('overwrite')} to replace it"
             )
         job = self.work / JOURNAL_JOB
         if job.exists() and not self._same_job(fingerprint):
             raise OutputError(
                 f"{self.path}: the inputs or options changed since the interrupted conversion "
                 "(files added, removed or modified, or different options), so its shards cannot "
-                "be reused; rerun with the same inputs and options, or pass --overwrite"
+                "be reused; rerun with the same inputs and options, or pass "
+                + self._option("overwrite")
             )
         if not job.exists():
             shutil.rmtree(self.work, ignore_errors=True)
         return None
+
+    def _option(self, name: str, value: str | None = "True") -> str:
+        return option(name, cli=self.cli, value=value)
 
     def _completed(self) -> dict[str, ShardResult]:
         done = {}

@@ -90,11 +90,26 @@ class ConversionProgress:
         self.bar.set_postfix_str(f"{rate:.1f} MB/s, {since} since start", refresh=False)
 
     def drain(self, updates: multiprocessing.Queue) -> None:
+        """Count the updates the workers have sent so far."""
         while True:
             try:
                 self.update(*updates.get_nowait())
             except queue.Empty:
                 return
+
+    def drain_to_end(self, updates: multiprocessing.Queue) -> None:
+        """Count every update, once the workers have exited.
+
+        A worker's last update can still be in the pipe when its result arrives (the two
+        travel on separate queues), so reading until the queue looks empty missed pairs:
+        a summary of 7 pairs for 40. A process flushes what it put before it exits, so a
+        marker put now comes after every update.
+        """
+        updates.put(None)
+        for update in iter(updates.get, None):
+            self.update(*update)
+        updates.close()  # and its feeder thread in this process, started by the put
+        updates.join_thread()
 
     def close(self, *, finished: bool = True) -> Effort:
         """End the bar; when shown and the job finished, end with a line of what it took

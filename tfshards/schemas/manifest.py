@@ -241,12 +241,19 @@ class Manifest:
         path = Path(folder) / MANIFEST_NAME
         try:  # not is_file() first: `convert --overwrite` may remove it in between
             text = path.read_text(encoding="utf-8")
-        except (FileNotFoundError, IsADirectoryError):
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise _no_manifest(folder) from None
         return cls.from_json(text, where=str(path))
 
 
 def _no_manifest(folder: Location) -> ManifestError:
+    if not storage.is_url(folder):  # a mistyped path is not an unfinished conversion
+        local = Path(folder)
+        where = folder if local.is_absolute() else f"{folder} ({local.absolute()})"
+        if not local.exists():
+            return ManifestError(f"{where}: no such folder")
+        if not local.is_dir():
+            return ManifestError(f"{where}: a file, not a dataset folder")
     return ManifestError(
         f"{storage.display(folder)}: no manifest ({MANIFEST_NAME}): not a finished dataset; "
         "if `tfshards convert` was writing it, rerun the conversion (or add --resume) to "

@@ -42,7 +42,7 @@ READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"
 FINGERPRINT = re.compile(r"[0-9a-f]{24}")  # an entry folder's name
 Shape = tuple[int | None, int | None, int]
-log = logging.getLogger("tfshards")
+log = logging.getLogger(__name__)  # under "tfshards"; `bench` quiets its INFO lines
 # Entries whose finished build this process is putting on disk: entry folder -> thread.
 _publishing: dict[Path, threading.Thread] = {}
 _publishing_lock = threading.Lock()

@@ -51,7 +51,7 @@ from tfshards.sources.folders import process_alive, user_cache_dir
 # Also imported from here (store.py): the names live in entries.py, one place.
 __all__ = ["CacheSpaceError", "DiskCache", "publishing", "wait_for_publishing"]
 
-log = logging.getLogger("tfshards")
+log = logging.getLogger(__name__)  # under "tfshards"; `bench` quiets its INFO lines
 
 
 class CacheSpaceError(TfshardsError):

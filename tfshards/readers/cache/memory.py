@@ -23,7 +23,7 @@ from tfshards.readers.memory_limits import usable_memory
 # Parts read at once when the entry is read from the disk: enough to keep it busy,
 # few enough that their read-ahead stays in memory.
 PARTS_FROM_DISK = 4
-log = logging.getLogger("tfshards")
+log = logging.getLogger(__name__)  # under "tfshards"; `bench` quiets its INFO lines
 
 
 def larger_than_memory(entry_bytes: int | None, memory: int | None = None) -> bool:

@@ -22,7 +22,7 @@ from tfshards.readers.cache.layouts import CACHE_PARTS
 from tfshards.readers.cache.memory import parts_at_once
 
 _FILE_BUFFER = 2**20
-log = logging.getLogger("tfshards")
+log = logging.getLogger(__name__)  # under "tfshards"; `bench` quiets its INFO lines
 
 
 class CacheBuilder:

@@ -37,7 +37,7 @@ from tfshards.readers.cache.entry import DiskCache, publishing
 from tfshards.readers.memory_limits import outgrows_page_cache, usable_memory
 from tfshards.sources.pixel_batches import aligned_empty
 
-log = logging.getLogger("tfshards")
+log = logging.getLogger(__name__)  # under "tfshards"; `bench` quiets its INFO lines
 FLAT_FILES = ("pairs.image", "pairs.mask")
 # A building entry's files are flushed to disk in the background every this many bytes
 # written (see Flusher), when the entry is too large to leave to the page cache until
