@@ -148,12 +148,12 @@ def test_a_kill_between_the_weights_and_the_state_resumes_the_uninterrupted_run(
         with open(log, "a") as out:
             out.write("KILLED\n")
     rerun = _run_training(dataset, backup, log, "none", 0)
-    assert "resuming from" in rerun.stderr and "tfshards_state.json" in rerun.stderr
-    assert "ran out of data" not in rerun.stderr  # the shortened epoch ends quietly
     full, full_weights = _effective(uninterrupted)
     resumed, resumed_weights = _effective(log)
     assert resumed == full
     assert resumed_weights == full_weights
+    assert "resuming from" in rerun.stderr and "tfshards_state.json" in rerun.stderr
+    assert "ran out of data" not in rerun.stderr  # the shortened epoch ends quietly
     current = json.loads((backup / "tfshards_state.json").read_text())["current"]
     assert {p.name for p in backup.iterdir()} == {current["weights"], "tfshards_state.json"}
 

@@ -174,9 +174,9 @@ class ResumeCallback(keras.callbacks.BackupAndRestore):
         self.model._initial_epoch = epoch  # as Keras's own restore does
         self._resume = (epoch, done)
         data_epoch, batch = self.reader.schedule.position(self._data_step(epoch, done))
-        log.warning(
-            "resuming from %s: Keras epoch %d after %d of its steps, data epoch %d batch %d",
-            self.state_path, epoch, done, data_epoch, batch,
+        log.warning(  # shown by default: whether a run resumed must be visible
+            "resuming from %s: Epoch %d after %d of its steps (start=(%d, %d) in the read)",
+            self.state_path, epoch + 1, done, data_epoch, batch,
         )  # fmt: skip
 
     def _check(self, backup: Backup) -> None:
