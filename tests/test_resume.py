@@ -226,17 +226,34 @@ class _Interrupt(keras.callbacks.Callback):
             raise RuntimeError("interrupted")
 
 
-def _fit(dataset, backup: Path, batch_size: int = 4, interrupt_at: int = 0) -> None:
-    """A tiny fit with ResumeCallback saving every 4 steps; ``interrupt_at``: stopped there
-    (its backups stay)."""
+class _Steps(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append([epoch, 0])
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.epochs[-1][1] += 1
+
+
+def _fit(
+    dataset, backup: Path, batch_size: int = 4, interrupt_at: int = 0, **options
+) -> list[list[int]]:
+    """A tiny fit of 2 epochs with ResumeCallback saving every 4 steps (or ``options``);
+    ``interrupt_at``: stopped there (its backups stay). [Keras epoch, steps run] of each
+    epoch run."""
     train = tfshards.read(dataset, batch_size=batch_size, seed=5)
     inputs = keras.Input(train.element_spec[0].shape[1:])
     model = keras.Model(inputs, keras.layers.Conv2D(3, 1)(inputs))
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callbacks = [tfshards.ResumeCallback(backup, train, save_freq=4, delete_checkpoint=False)]
+    options = dict(save_freq=4, delete_checkpoint=False) | options
+    steps = _Steps()
+    callbacks = [tfshards.ResumeCallback(backup, train, **options), steps]
     if interrupt_at:
         callbacks.append(_Interrupt(interrupt_at))
     model.fit(train, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    return steps.epochs
 
 
 @pytest.fixture(scope="module")
@@ -301,6 +318,36 @@ def test_a_damaged_callback_state_is_refused(dataset, backed_up, tmp_path, damag
     state = backup / "tfshards_state.json"
     state.write_text(damage(state.read_text()))
     with pytest.raises(ResumeError, match="tfshards_state.json: (cannot be read|version=None)"):
+        _fit(dataset, backup)
+
+
+def test_a_backup_after_an_epoch_last_step_resumes_at_the_next_epoch(dataset, tmp_path, caplog):
+    """Saved after step 13 of 13, killed before the epoch's end: the next epoch, whole."""
+    backup = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(dataset, backup, interrupt_at=13, save_freq=13)
+    assert _fit(dataset, backup) == [[1, 13]]
+    assert "Epoch 2 after 0 of its steps (start=(1, 0) in the read)" in caplog.text
+
+
+def test_double_checkpoint_falls_back_to_the_previous_backup(dataset, tmp_path, caplog):
+    backup = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(dataset, backup, interrupt_at=10, double_checkpoint=True)
+    assert sorted(p.name for p in backup.glob("*.h5")) == [
+        "step-4.weights.h5",
+        "step-8.weights.h5",
+    ]
+    (backup / "step-8.weights.h5").write_bytes(b"damaged")
+    assert _fit(dataset, backup, double_checkpoint=True) == [[0, 9], [1, 13]]
+    assert "Epoch 1 after 4 of its steps (start=(0, 4) in the read)" in caplog.text
+
+
+def test_missing_weights_are_refused(dataset, backed_up, tmp_path):
+    backup = tmp_path / "backup"
+    shutil.copytree(backed_up, backup)
+    (backup / "step-4.weights.h5").unlink()
+    with pytest.raises(ResumeError, match=r"cannot load the backed-up weights: .*step-4.weights"):
         _fit(dataset, backup)
 
 

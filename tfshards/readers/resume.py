@@ -13,6 +13,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
+
 from tfshards.errors import OptionsError, TfshardsError
 from tfshards.readers.order import BatchSchedule
 from tfshards.readers.shard_cache import shard_cache_key
@@ -48,7 +50,9 @@ class ReadState:
             value = getattr(self, field.name)
             if field.type == "int":
                 object.__setattr__(self, field.name, _whole(field.name, value))
-            elif not isinstance(value, bool if field.type == "bool" else str):
+            elif field.type == "bool" and isinstance(value, bool | np.bool_):
+                object.__setattr__(self, field.name, bool(value))  # read(shuffle=np.True_)
+            elif not isinstance(value, str) or field.type != "str":
                 raise ResumeError(f"ReadState: {field.name}={value!r} is not a {field.type}")
         for name, low in LOWEST.items():
             if getattr(self, name) < low:
