@@ -102,12 +102,14 @@ def _reader_of(dataset):
 
 
 def _flush(path: Path) -> None:
-    """Wait until ``path`` is on the disk: the state naming it must not be there first."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Wait until ``path`` and its name are on the disk: a state naming it must not get
+    there first (a preempted VM loses its page cache)."""
+    for name in (path, path.parent):
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class ResumeCallback(keras.callbacks.BackupAndRestore):
