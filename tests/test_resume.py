@@ -296,6 +296,7 @@ def _edited(body: dict, field: str, value) -> dict:
         ("current.read.records_done", -16, "records_done=-16 is below 0"),
         ("current.read.seed", 6, "seed=6 but this read has seed=5"),
         ("current.weights", "../x.weights.h5", "weights='../x.weights.h5' is not a file"),
+        ("current.weights", "step-8.weights.h5", "are not those of data step 4"),
         ("version", 99, "version=99, this tfshards reads version 2"),
         ("version", True, "version=True"),
     ],

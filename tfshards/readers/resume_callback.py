@@ -90,6 +90,11 @@ def read_backups(path: Path) -> list[Backup]:
     return backups
 
 
+def weights_name(step: int) -> str:
+    """The weights file of the backup at data step ``step``."""
+    return f"step-{step}.weights.h5"
+
+
 def _reader_of(dataset):
     reader = getattr(dataset, "_tfshards_reader", None)
     if reader is None:
@@ -210,6 +215,11 @@ class ResumeCallback(keras.callbacks.BackupAndRestore):
                 f"keras_epoch={backup.keras_epoch} and keras_steps={backup.keras_steps} are "
                 f"data step {expected} (edited, or fit's steps_per_epoch changed)"
             )
+        if backup.weights != weights_name(step):
+            raise ResumeError(
+                f"{where}: weights={backup.weights!r} are not those of data step {step} "
+                f"({weights_name(step)}): edited"
+            )
 
     def _load_weights(self, path: Path) -> None:
         if not self.model.built:
@@ -246,7 +256,7 @@ class ResumeCallback(keras.callbacks.BackupAndRestore):
         done = self._done_before + self._steps
         step = self._data_step(self._current_epoch, done)
         # Steps only grow from one save to the next, so this name is never a kept file.
-        name = f"step-{step}.weights.h5"
+        name = weights_name(step)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.model.save_weights(str(self.folder / name), overwrite=True)
         _flush(self.folder / name)
