@@ -4,7 +4,8 @@ usage: resume_training.py DATASET BACKUP LOG CACHE KILL_AT [REPEAT]
 Validation data runs after every epoch. Each trained batch's digest is appended to LOG
 (from inside train_step), "SAVE" after each backup, and the final weights' digest as
 "WEIGHTS <hex>" at the end. KILL_AT > 0 SIGKILLs the process after that many steps of
-this run.
+this run; the environment's KILL_IN_SAVE=N SIGKILLs it inside this run's N-th backup, once
+the weights are written and before the state naming them is.
 """
 
 import hashlib
@@ -17,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfshards
+from tfshards.readers import resume_callback
 
 dataset, backup, log, cache, kill_at = sys.argv[1:6]
 repeat = len(sys.argv) > 6 and sys.argv[6] == "repeat"
@@ -52,6 +54,26 @@ class Killer(keras.callbacks.Callback):
         if int(kill_at) and Killer.steps == int(kill_at):
             out.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_in_save(write_state, at: int):
+    writes = 0
+
+    def write(path, text):
+        nonlocal writes
+        writes += 1
+        if writes == at:
+            out.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        write_state(path, text)
+
+    return write
+
+
+if int(os.environ.get("KILL_IN_SAVE", "0")):
+    resume_callback.save_durably = kill_in_save(
+        resume_callback.save_durably, int(os.environ["KILL_IN_SAVE"])
+    )
 
 
 class Saved(tfshards.ResumeCallback):

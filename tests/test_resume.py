@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 from conftest import write_pairs
@@ -73,13 +75,19 @@ def test_an_epoch_is_the_same_in_another_process(dataset):
     assert runs[0].stdout.strip() == runs[1].stdout.strip() == here
 
 
-def _train(dataset, backup, log, cache, kill_at, repeat=False) -> int:
+def _train(dataset, backup, log, cache, kill_at, repeat=False, **env) -> int:
+    return _run_training(dataset, backup, log, cache, kill_at, repeat, **env).returncode
+
+
+def _run_training(dataset, backup, log, cache, kill_at, repeat=False, **env):
     args = [sys.executable, str(SCRIPT), str(dataset), str(backup), str(log), cache, str(kill_at)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    run = subprocess.run(args + (["repeat"] if repeat else []), capture_output=True, env=env)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env)
+    run = subprocess.run(
+        args + (["repeat"] if repeat else []), capture_output=True, text=True, env=env
+    )
     if run.returncode not in (0, -9):
-        raise AssertionError(run.stderr.decode()[-3000:])
-    return run.returncode
+        raise AssertionError(run.stderr[-3000:])
+    return run
 
 
 def _effective(log: Path) -> tuple[list[str], str]:
@@ -102,23 +110,60 @@ def _effective(log: Path) -> tuple[list[str], str]:
     "cache,repeat", [("none", False), ("disk", False), ("none", True)], ids=str
 )
 def test_sigkill_twice_then_rerun_trains_the_uninterrupted_batches(
-    dataset, tmp_path, cache, repeat
+    dataset, tmp_path, cache, repeat, uninterrupted
 ):
     cache_arg = str(tmp_path / "cache") if cache == "disk" else cache
-    _killed_twice_and_rerun(dataset, tmp_path, cache_arg, repeat)
+    full_log = uninterrupted if (cache, repeat) == ("none", False) else None
+    _killed_twice_and_rerun(dataset, tmp_path, cache_arg, repeat, full_log)
 
 
-def test_sigkill_twice_then_rerun_from_a_bucket(dataset, tmp_path, s3_bucket, monkeypatch):
+def test_sigkill_twice_then_rerun_from_a_bucket(
+    dataset, tmp_path, s3_bucket, monkeypatch, uninterrupted
+):
     from s3_server import upload_folder
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # a cold shard cache
     url = f"{s3_bucket}/resume"
     upload_folder(dataset, url)
-    _killed_twice_and_rerun(url, tmp_path, "none", False)
+    _killed_twice_and_rerun(url, tmp_path, "none", False, uninterrupted)  # the same batches
 
 
-def _killed_twice_and_rerun(dataset, tmp_path: Path, cache_arg: str, repeat: bool) -> None:
-    _train(dataset, tmp_path / "b0", tmp_path / "full.log", cache_arg, 0, repeat)
+@pytest.fixture(scope="module")
+def uninterrupted(dataset, tmp_path_factory) -> Path:
+    """The log of resume_training.py run to its end, streamed, repeat=False."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    _train(dataset, root / "backup", root / "full.log", "none", 0)
+    return root / "full.log"
+
+
+def test_a_kill_between_the_weights_and_the_state_resumes_the_uninterrupted_run(
+    dataset, tmp_path, uninterrupted
+):
+    """The weights of a backup are written before the state that names them: a kill in
+    between (in the first backup, then in the rerun's third) leaves the previous backup
+    whole, never new weights with an old position."""
+    log, backup = tmp_path / "killed.log", tmp_path / "backup"
+    for save in ("1", "3"):
+        assert _train(dataset, backup, log, "none", 0, KILL_IN_SAVE=save) == -9
+        with open(log, "a") as out:
+            out.write("KILLED\n")
+    rerun = _run_training(dataset, backup, log, "none", 0)
+    full, full_weights = _effective(uninterrupted)
+    resumed, resumed_weights = _effective(log)
+    assert resumed == full
+    assert resumed_weights == full_weights
+    assert "resuming from" in rerun.stderr and "tfshards_state.json" in rerun.stderr
+    assert "ran out of data" not in rerun.stderr  # the shortened epoch ends quietly
+    current = json.loads((backup / "tfshards_state.json").read_text())["current"]
+    assert {p.name for p in backup.iterdir()} == {current["weights"], "tfshards_state.json"}
+
+
+def _killed_twice_and_rerun(
+    dataset, tmp_path: Path, cache_arg: str, repeat: bool, full_log: Path | None = None
+) -> None:
+    if full_log is None:
+        full_log = tmp_path / "full.log"
+        _train(dataset, tmp_path / "b0", full_log, cache_arg, 0, repeat)
     log = tmp_path / "killed.log"
     for kill_at in (17, 11):  # the first kill in epoch 1, the second in the rerun's epoch 2
         assert _train(dataset, tmp_path / "b1", log, cache_arg, kill_at, repeat) == -9
@@ -127,7 +172,7 @@ def _killed_twice_and_rerun(dataset, tmp_path: Path, cache_arg: str, repeat: boo
         state = (tmp_path / "b1" / "tfshards_state.json").read_bytes()
         assert len(state) < 1024
     assert _train(dataset, tmp_path / "b1", log, cache_arg, 0, repeat) == 0
-    full, full_weights = _effective(tmp_path / "full.log")
+    full, full_weights = _effective(full_log)
     resumed, resumed_weights = _effective(log)
     assert resumed == full
     assert resumed_weights == full_weights
@@ -168,6 +213,176 @@ def test_bad_states_are_refused(dataset, tmp_path):
         tfshards.ReadState.load(path)
     with pytest.raises(tfshards.OptionsError, match=r"0 <= batch < 13"):
         tfshards.read(dataset, batch_size=4, seed=5, start=(0, 13))
+
+
+class _Interrupt(keras.callbacks.Callback):
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.steps = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.steps == self.at:
+            raise RuntimeError("interrupted")
+
+
+class _Steps(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append([epoch, 0])
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.epochs[-1][1] += 1
+
+
+def _fit(
+    dataset, backup: Path, batch_size: int = 4, interrupt_at: int = 0, **options
+) -> list[list[int]]:
+    """A tiny fit of 2 epochs with ResumeCallback saving every 4 steps (or ``options``);
+    ``interrupt_at``: stopped there (its backups stay). [Keras epoch, steps run] of each
+    epoch run."""
+    train = tfshards.read(dataset, batch_size=batch_size, seed=5)
+    inputs = keras.Input(train.element_spec[0].shape[1:])
+    model = keras.Model(inputs, keras.layers.Conv2D(3, 1)(inputs))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    options = dict(save_freq=4, delete_checkpoint=False) | options
+    steps = _Steps()
+    callbacks = [tfshards.ResumeCallback(backup, train, **options), steps]
+    if interrupt_at:
+        callbacks.append(_Interrupt(interrupt_at))
+    model.fit(train, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    return steps.epochs
+
+
+@pytest.fixture(scope="module")
+def backed_up(dataset, tmp_path_factory) -> Path:
+    """A backup folder after 6 steps of batch 4, the last backup after step 4."""
+    backup = tmp_path_factory.mktemp("backed_up") / "backup"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(dataset, backup, interrupt_at=6)
+    return backup
+
+
+def test_another_batch_size_is_refused_by_the_callback(dataset, backed_up, tmp_path):
+    """16 records done: a batch of 8 divides them, but Keras's step count in the state is
+    in batches of 4 (it cut the resumed epoch short by half before)."""
+    backup = tmp_path / "backup"
+    shutil.copytree(backed_up, backup)
+    with pytest.raises(ResumeError, match=r"tfshards_state.json: .*round_records=4.* has 8"):
+        _fit(dataset, backup, batch_size=8)
+
+
+def _edited(body: dict, field: str, value) -> dict:
+    body = json.loads(json.dumps(body))
+    *path, last = field.split(".")
+    inner = body
+    for key in path:
+        inner = inner[key]
+    inner[last] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("current.read.epoch", 1, "read.epoch=1 .* data step 17, but keras_epoch=0"),
+        ("current.read.records_done", 0, "read.records_done=0 are data step 0"),
+        ("current.keras_steps", 100, "keras_steps=100, more than the 13 steps"),
+        ("current.keras_steps", -4, "current: keras_steps=-4 is not a whole number"),
+        ("current.keras_steps", 4.0, "current: keras_steps=4.0 is not a whole number"),
+        ("current.keras_epoch", 1, "keras_epoch=1 and keras_steps=4 are data step 17"),
+        ("current.read.records_done", -16, "records_done=-16 is below 0"),
+        ("current.read.seed", 6, "seed=6 but this read has seed=5"),
+        ("current.weights", "../x.weights.h5", "weights='../x.weights.h5' is not a file"),
+        ("current.weights", "step-8.weights.h5", "are not those of data step 4"),
+        ("version", 99, "version=99, this tfshards reads version 2"),
+        ("version", True, "version=True"),
+    ],
+)
+def test_an_edited_callback_state_is_refused(dataset, backed_up, tmp_path, field, value, message):
+    backup = tmp_path / "backup"
+    shutil.copytree(backed_up, backup)
+    state = backup / "tfshards_state.json"
+    state.write_text(json.dumps(_edited(json.loads(state.read_text()), field, value)))
+    with pytest.raises(ResumeError, match=f"tfshards_state.json: .*{message}"):
+        _fit(dataset, backup)
+
+
+@pytest.mark.parametrize(
+    "damage", [lambda text: text[: len(text) // 2], lambda _: "not json", lambda _: "[1]"]
+)
+def test_a_damaged_callback_state_is_refused(dataset, backed_up, tmp_path, damage):
+    backup = tmp_path / "backup"
+    shutil.copytree(backed_up, backup)
+    state = backup / "tfshards_state.json"
+    state.write_text(damage(state.read_text()))
+    with pytest.raises(ResumeError, match="tfshards_state.json: (cannot be read|version=None)"):
+        _fit(dataset, backup)
+
+
+def test_a_backup_after_an_epoch_last_step_resumes_at_the_next_epoch(dataset, tmp_path, caplog):
+    """Saved after step 13 of 13, killed before the epoch's end: the next epoch, whole."""
+    backup = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(dataset, backup, interrupt_at=13, save_freq=13)
+    assert _fit(dataset, backup) == [[1, 13]]
+    assert "Epoch 2 after 0 of its steps (start=(1, 0) in the read)" in caplog.text
+
+
+def test_double_checkpoint_falls_back_to_the_previous_backup(dataset, tmp_path, caplog):
+    backup = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(dataset, backup, interrupt_at=10, double_checkpoint=True)
+    assert sorted(p.name for p in backup.glob("*.h5")) == [
+        "step-4.weights.h5",
+        "step-8.weights.h5",
+    ]
+    (backup / "step-8.weights.h5").write_bytes(b"damaged")
+    assert _fit(dataset, backup, double_checkpoint=True) == [[0, 9], [1, 13]]
+    assert "Epoch 1 after 4 of its steps (start=(0, 4) in the read)" in caplog.text
+
+
+def test_missing_weights_are_refused(dataset, backed_up, tmp_path):
+    backup = tmp_path / "backup"
+    shutil.copytree(backed_up, backup)
+    (backup / "step-4.weights.h5").unlink()
+    with pytest.raises(ResumeError, match=r"cannot load the backed-up weights: .*step-4.weights"):
+        _fit(dataset, backup)
+
+
+def test_keras_own_backup_is_refused(dataset, tmp_path):
+    """keras.callbacks.BackupAndRestore's files say nothing of the data's position."""
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    (backup / "training_metadata.json").write_text('{"epoch": 0, "batch": 3}')
+    with pytest.raises(ResumeError, match="training_metadata.json but no tfshards_state.json"):
+        _fit(dataset, backup)
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("records_done", -1, "records_done=-1 is below 0"),
+        ("records_done", 51, "records_done=51 is more than the 50 records"),
+        ("epoch", -1, "epoch=-1 is below 0"),
+        ("epoch", 1.0, "epoch=1.0 is not a whole number"),
+        ("records_done", True, "records_done=True is not a whole number"),
+        ("shuffle", 1, "shuffle=1 is not a bool"),
+        ("round_records", 0, "round_records=0 is below 1"),
+        ("version", 99, "version=99, this tfshards reads version 1"),
+    ],
+)
+def test_a_read_state_out_of_range_is_refused(dataset, field, value, message):
+    reader = tfshards.read(dataset, batch_size=4, seed=5)._tfshards_reader
+    from tfshards.readers.resume import state_at
+
+    good = json.loads(state_at(reader.identity, reader.schedule, 3).to_json())
+    with pytest.raises(ResumeError, match=f"ReadState: {message}"):
+        tfshards.ReadState(**(good | {field: value}))
+    with pytest.raises(ResumeError, match=f"state.json: ReadState: {message}"):
+        tfshards.ReadState.from_json(json.dumps(good | {field: value}), "state.json")
 
 
 def test_pipelines_get_equal_batches_and_the_global_order_is_elastic(dataset):

@@ -8,9 +8,12 @@ another dataset, seed, split, batch size or read option is refused, never fed.
 from __future__ import annotations
 
 import json
+import numbers
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+import numpy as np
 
 from tfshards.errors import OptionsError, TfshardsError
 from tfshards.readers.order import BatchSchedule
@@ -19,6 +22,7 @@ from tfshards.readers.shard_cache import shard_cache_key
 STATE_VERSION = 1
 # What the order of an epoch depends on; a state must match a read on each of them.
 ORDER_FIELDS = ("dataset", "split", "records", "seed", "shuffle", "group_shards")
+LOWEST = {"records": 0, "group_shards": 1, "round_records": 1, "epoch": 0, "records_done": 0}
 
 
 class ResumeError(TfshardsError):
@@ -41,19 +45,39 @@ class ReadState:
     records_done: int
     version: int = STATE_VERSION
 
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.type == "int":
+                object.__setattr__(self, field.name, _whole(field.name, value))
+            elif field.type == "bool" and isinstance(value, bool | np.bool_):
+                object.__setattr__(self, field.name, bool(value))  # read(shuffle=np.True_)
+            elif not isinstance(value, str) or field.type != "str":
+                raise ResumeError(f"ReadState: {field.name}={value!r} is not a {field.type}")
+        for name, low in LOWEST.items():
+            if getattr(self, name) < low:
+                raise ResumeError(f"ReadState: {name}={getattr(self, name)} is below {low}")
+        if self.records_done > self.records:
+            raise ResumeError(
+                f"ReadState: records_done={self.records_done} is more than the "
+                f"{self.records} records of an epoch"
+            )
+        if self.version != STATE_VERSION:
+            raise ResumeError(
+                f"ReadState: version={self.version}, this tfshards reads version {STATE_VERSION}"
+            )
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str = "state") -> ReadState:
         try:
-            body = json.loads(text)
-            state = cls(**body)
+            return cls(**json.loads(text))
+        except ResumeError as exc:
+            raise ResumeError(f"{where}: {exc}") from exc
         except (ValueError, TypeError) as exc:
             raise ResumeError(f"{where}: not a tfshards read state ({exc}); it is damaged") from exc
-        if state.version != STATE_VERSION:
-            raise ResumeError(f"{where}: state version {state.version}, expected {STATE_VERSION}")
-        return state
 
     def save(self, path: Path) -> None:
         save_durably(path, self.to_json())
@@ -65,6 +89,14 @@ class ReadState:
         except OSError as exc:
             raise ResumeError(f"{path}: cannot read the saved state ({exc})") from exc
         return cls.from_json(text, str(path))
+
+
+def _whole(name: str, value) -> int:
+    """``value`` as a Python int; a bool or a float (1.0 included) is refused: a state is
+    written by tfshards, so anything else was edited or damaged."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ResumeError(f"ReadState: {name}={value!r} is not a whole number")
+    return int(value)
 
 
 def save_durably(path: Path, text: str) -> None:
