@@ -58,10 +58,10 @@ def test_scanned_offsets_are_kept_outside_the_dataset(indexed: Path, tmp_path: P
     keep = tmp_path / "kept"
     shard = Manifest.load(indexed).splits["train"].shards[0]
     first = shard_offsets(path, shard.sha256, shard.bytes, keep)
-    assert (keep / f"{shard.sha256}.npy").is_file()
+    assert (keep / f"{shard.sha256}.npz").is_file()
     again = shard_offsets(path, shard.sha256, shard.bytes, keep)
     assert np.array_equal(first.starts, again.starts)
-    assert sorted(p.name for p in indexed.iterdir() if p.name.endswith(".npy")) == []
+    assert sorted(p.name for p in indexed.iterdir() if p.name.endswith(".npz")) == []
 
 
 def test_corrupt_record_names_where(indexed: Path) -> None:

@@ -68,7 +68,7 @@ def test_every_pair_equals_what_read_gives(
         assert mask.dtype == np.uint8 and mask.shape == masks[index].shape  # [H, W, 1]
         np.testing.assert_array_equal(image, images[index])
         np.testing.assert_array_equal(mask, masks[index])
-    assert not any(name.endswith((".npy", ".idx")) for name in os.listdir(out))
+    assert not any(name.endswith((".npz", ".idx")) for name in os.listdir(out))
 
 
 def _jpeg_as_pillow_decodes(out: Path) -> np.ndarray:
@@ -109,7 +109,7 @@ def test_offsets_are_scanned_once_and_kept_outside_the_dataset(tmp_path: Path) -
     finally:
         os.chmod(out, 0o755)
     assert sorted(os.listdir(out)) == before
-    kept = sorted((tmp_path / "user-cache" / "tfshards" / "offsets").glob("*.npy"))
+    kept = sorted((tmp_path / "user-cache" / "tfshards" / "offsets").glob("*.npz"))
     shards = Manifest.load(out).splits["train"].shards
     assert [p.stem for p in kept] == sorted(s.sha256 for s in shards)
 
