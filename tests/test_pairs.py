@@ -6,8 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +198,118 @@ def test_the_install_without_tensorflow_lists_every_other_dependency() -> None:
     assert command in (ROOT / "docs" / "frameworks.md").read_text()
     in_ci = command.replace("pip install", "python -m pip install --quiet")
     assert in_ci in (ROOT / ".ci" / "run").read_text()
+
+
+# ---------------------------------------------------------------- forks while another thread reads
+
+
+_HANG_SECONDS = 120.0  # far beyond a child's few reads; only a child stuck on a lock gets here
+
+
+def _fork_reading(pairs: tfshards.Pairs, expected: list[np.ndarray]) -> int:
+    """A forked child that reads every pair and exits 0 if each image is ``expected``."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            got = [pairs[i][0] for i in range(len(pairs))]
+            code = 0 if all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True)) else 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _exit_codes(pids: list[int]) -> list[int | str]:
+    """Each child's exit code; "hung" for one still running at the deadline (then killed)."""
+    deadline = time.monotonic() + _HANG_SECONDS
+    codes: dict[int, int | str] = {}
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for pid in set(pids) - set(codes):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    for pid in set(pids) - set(codes):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        codes[pid] = "hung"
+    return [codes[pid] for pid in pids]
+
+
+def _held_in_a_thread(hold) -> tuple[threading.Event, threading.Thread]:
+    """A thread inside ``with hold():`` until the returned event is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def run() -> None:
+        with hold():
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    held.wait()
+    return release, thread
+
+
+def test_a_child_forked_while_a_thread_holds_the_readers_lock_reads(tmp_path: Path) -> None:
+    out = _convert(tmp_path, encoding="raw")
+    pairs = tfshards.Pairs(out)
+    expected = [pairs[i][0] for i in range(len(pairs))]
+    release, thread = _held_in_a_thread(lambda: pairs.records._lock)
+    pid = _fork_reading(pairs, expected)  # the child's copy of the lock is held
+    release.set()
+    thread.join()
+    assert _exit_codes([pid]) == [0]
+
+
+def test_a_child_forked_while_a_thread_inflates_a_shard_waits_for_it_then_reads(
+    tmp_path: Path,
+) -> None:
+    from tfshards.sources.folders import held_exclusively
+
+    out = _convert(tmp_path, encoding="raw", compression="gzip")
+    expected = [image for image, _ in tfshards.Pairs(out, split="train")]  # inflates, checks
+    inflated = tmp_path / "user-cache" / "tfshards" / "inflated"
+    for copy in inflated.glob("*.tfrecord"):
+        copy.unlink()
+    pairs = tfshards.Pairs(out)
+    first = Manifest.load(out).splits["train"].shards[0]
+    # As a thread of this process inflating shard 0 holds its lock file at the fork: the
+    # child's copy of that descriptor must not keep the lock once this process lets go.
+    lock = inflated / f".{first.sha256}.lock"
+    release, thread = _held_in_a_thread(lambda: held_exclusively(lock))
+    pid = _fork_reading(pairs, expected)
+    release.set()
+    thread.join()
+    assert _exit_codes([pid]) == [0]
+
+
+def test_forty_children_forked_while_a_thread_reads_pairs_all_read_and_exit(
+    tmp_path: Path,
+) -> None:
+    out = _convert(tmp_path, encoding="raw")
+    pairs = tfshards.Pairs(out)
+    expected = [pairs[i][0] for i in range(len(pairs))]
+    pairs.records.open_files = 1  # every change of shard closes and opens under the lock
+    stop = threading.Event()
+
+    def read_in_a_loop() -> None:
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            pairs.__getitems__(rng.integers(0, len(pairs), 4).tolist())
+
+    reader = threading.Thread(target=read_in_a_loop)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the reader is often caught inside its lock at a fork
+    reader.start()
+    try:
+        pids = []
+        for _ in range(40):
+            time.sleep(0.002)
+            pids.append(_fork_reading(pairs, expected))
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(switch)
+    codes = _exit_codes(pids)
+    assert codes == [0] * 40, f"{codes.count('hung')} of 40 children hung"
