@@ -203,13 +203,16 @@ def test_the_install_without_tensorflow_lists_every_other_dependency() -> None:
 # ---------------------------------------------------------------- forks while another thread reads
 
 
-_HANG_SECONDS = 120.0  # far beyond a child's few reads; only a child stuck on a lock gets here
+_HANG_SECONDS = 20.0  # far beyond a child's few reads; only a child stuck on a lock gets here
 
 
 def _fork_reading(pairs: tfshards.Pairs, expected: list[np.ndarray]) -> int:
     """A forked child that reads every pair and exits 0 if each image is ``expected``."""
     pid = os.fork()
     if pid == 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(15, exit=True)
         code = 1
         try:
             got = [pairs[i][0] for i in range(len(pairs))]
@@ -313,3 +316,85 @@ def test_forty_children_forked_while_a_thread_reads_pairs_all_read_and_exit(
         sys.setswitchinterval(switch)
     codes = _exit_codes(pids)
     assert codes == [0] * 40, f"{codes.count('hung')} of 40 children hung"
+
+
+# ---------------------------------------------------------------- damage in the user cache folder
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _cut(path: Path, size: int) -> None:
+    with open(path, "r+b") as stream:
+        stream.truncate(size)
+
+
+def _images(pairs: tfshards.Pairs) -> list[np.ndarray]:
+    return [pairs[i][0] for i in range(len(pairs))]
+
+
+def _assert_same(got: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "another shard's"])
+def test_damaged_kept_offsets_are_named_and_scanned_again(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = _convert(tmp_path, count=11, encoding="raw")  # shards of 4, 4 and 3 records
+    expected = _images(tfshards.Pairs(out))
+    shards = Manifest.load(out).splits["train"].shards
+    folder = tmp_path / "user-cache" / "tfshards" / "offsets"
+    kept = {p.stem: p for p in folder.iterdir()}  # by shard sha256
+    first, last = kept[shards[0].sha256], kept[shards[-1].sha256]
+    if damage == "flipped byte":
+        _flip(first, first.stat().st_size - 5)
+    elif damage == "truncated":
+        _cut(first, first.stat().st_size // 2)
+    else:
+        first.write_bytes(last.read_bytes())
+    with caplog.at_level("WARNING", logger="tfshards"):
+        _assert_same(_images(tfshards.Pairs(out)), expected)
+    assert first.name in caplog.text and "not at fault" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tfshards"):
+        _assert_same(_images(tfshards.Pairs(out)), expected)
+    assert caplog.text == ""  # kept again, whole
+
+
+def _records_of(copy: Path) -> np.ndarray:
+    from tfshards.schemas.offsets import scan_offsets
+
+    return scan_offsets(copy).starts
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "cut mid-record", "cut at a record's end"])
+@pytest.mark.parametrize("reader", ["next run", "same reader"])
+def test_a_damaged_inflated_copy_is_made_again_and_the_read_goes_on(
+    tmp_path: Path, damage: str, reader: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = _convert(tmp_path, count=11, encoding="raw", compression="gzip")
+    pairs = tfshards.Pairs(out)
+    expected = _images(pairs)
+    shard = Manifest.load(out).splits["train"].shards[1]
+    copy = tmp_path / "user-cache" / "tfshards" / "inflated" / f"{shard.sha256}.tfrecord"
+    whole = copy.read_bytes()
+    starts = _records_of(copy)
+    if damage == "flipped byte":
+        _flip(copy, int(starts[2]) + 100)  # inside record 2's pixels
+    elif damage == "cut mid-record":
+        _cut(copy, int(starts[-1]) + 50)
+    else:
+        _cut(copy, int(starts[-1]))  # one record fewer than the manifest says
+    if reader == "next run":
+        pairs = tfshards.Pairs(out)
+    with caplog.at_level("WARNING", logger="tfshards"):
+        _assert_same(_images(pairs), expected)
+    assert copy.name in caplog.text and "not at fault" in caplog.text
+    assert "manifest was edited" not in caplog.text
+    assert copy.read_bytes() == whole

@@ -225,7 +225,7 @@ class SplitRecords:
             except RecordError as exc:
                 if attempt == 2 or not self.derived:
                     raise
-                self._discard(number, fd, exc)
+                self._discard(number, fd, str(exc))
             finally:
                 self._done(number)
 
@@ -272,37 +272,42 @@ class SplitRecords:
     def _open_with_offsets(self, number: int) -> None:
         """Open shard ``number`` and find its offsets; a copy in the user cache whose
         offsets disagree with the manifest is made again, once (the lock is held)."""
+        shard = self.shards.shards[number]
         for attempt in (1, 2):
             fd = self._files.get(number)
             if fd is None:
                 fd = self._open_checked(number)
+            last = attempt == 2 or not self.derived
             try:
-                self._offsets[number] = self._checked_offsets(number, os.fstat(fd).st_size)
-                return
-            except (RecordError, ManifestError) as exc:
-                if attempt == 2 or not self.derived:
+                offsets = shard_offsets(
+                    Path(self._local_path(number)),
+                    shard.sha256,
+                    os.fstat(fd).st_size,
+                    self.offsets_folder,
+                    records=shard.records,
+                )
+            except RecordError as exc:
+                if last:
                     raise
-                self._discard_locked(number, fd, exc)
+                self._discard_locked(number, fd, str(exc))
+                continue
+            if len(offsets) == shard.records:
+                self._offsets[number] = offsets
+                return
+            if last:
+                raise ManifestError(
+                    f"{self.shards.paths[number]}: {len(offsets)} records, but the manifest "
+                    f"says {shard.records}; the manifest was edited or belongs to other "
+                    "shards: convert again (`tfshards verify` shows the differences)"
+                )
+            problem = f"{len(offsets)} records, but the manifest says {shard.records}"
+            self._discard_locked(number, fd, problem)
 
-    def _checked_offsets(self, number: int, file_bytes: int) -> RecordOffsets:
-        shard = self.shards.shards[number]
-        path = Path(self._local_path(number))
-        offsets = shard_offsets(
-            path, shard.sha256, file_bytes, self.offsets_folder, records=shard.records
-        )
-        if len(offsets) != shard.records:
-            raise ManifestError(
-                f"{self.shards.paths[number]}: {len(offsets)} records, but the manifest "
-                f"says {shard.records}; the manifest was edited or belongs to other "
-                "shards: convert again (`tfshards verify` shows the differences)"
-            )
-        return offsets
-
-    def _discard(self, number: int, fd: int, problem: Exception) -> None:
+    def _discard(self, number: int, fd: int, problem: str) -> None:
         with self._lock:
             self._discard_locked(number, fd, problem)
 
-    def _discard_locked(self, number: int, fd: int, problem: Exception) -> None:
+    def _discard_locked(self, number: int, fd: int, problem: str) -> None:
         """The copy of shard ``number`` read through ``fd`` is damaged: forget it, its
         offsets and its check, so that the next open makes it again (unless another
         thread already did). Its descriptor closes once no read uses it."""
@@ -311,8 +316,8 @@ class SplitRecords:
         shard = self.shards.shards[number]
         path = Path(self._local_path(number))
         log.warning(
-            "%s: %s; this copy in the user cache folder is damaged (the dataset is not at "
-            "fault): it is made again",
+            "%s: this copy in the user cache folder is damaged (%s); the dataset is not at "
+            "fault: the copy is made again from it",
             path,
             problem,
         )
