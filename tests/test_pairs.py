@@ -3,6 +3,7 @@ without TensorFlow in the process."""
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -203,16 +204,14 @@ def test_the_install_without_tensorflow_lists_every_other_dependency() -> None:
 # ---------------------------------------------------------------- forks while another thread reads
 
 
-_HANG_SECONDS = 20.0  # far beyond a child's few reads; only a child stuck on a lock gets here
+_HANG_SECONDS = 120.0  # far beyond a child's few reads; only a child stuck on a lock gets here
 
 
 def _fork_reading(pairs: tfshards.Pairs, expected: list[np.ndarray]) -> int:
     """A forked child that reads every pair and exits 0 if each image is ``expected``."""
     pid = os.fork()
     if pid == 0:
-        import faulthandler
-
-        faulthandler.dump_traceback_later(15, exit=True)
+        faulthandler.dump_traceback_later(_HANG_SECONDS * 0.9)  # where a hung child waits
         code = 1
         try:
             got = [pairs[i][0] for i in range(len(pairs))]

@@ -262,8 +262,10 @@ class SplitRecords:
 
     def _open(self, number: int) -> tuple[int, RecordOffsets]:
         with self._lock:
-            if number not in self._files or number not in self._offsets:
+            if number not in self._offsets:
                 self._open_with_offsets(number)
+            elif number not in self._files:
+                self._open_checked(number)
             self._files.move_to_end(number)
             self._busy[number] = self._busy.get(number, 0) + 1
             self._close_beyond_limit()
