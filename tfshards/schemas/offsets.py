@@ -18,6 +18,7 @@ them first (``sources/inflated.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -115,7 +116,13 @@ def shard_offsets(
 
 def forget_kept(sha256: str, keep_in: Path) -> None:
     """Remove the kept offsets of the shard of ``sha256`` (its copy was damaged)."""
-    (keep_in / f"{sha256}{KEPT_SUFFIX}").unlink(missing_ok=True)
+    _remove(keep_in / f"{sha256}{KEPT_SUFFIX}")
+
+
+def _remove(kept: Path) -> None:
+    """A kept file that cannot be removed (a read-only cache folder) costs only rescans."""
+    with contextlib.suppress(OSError):
+        kept.unlink(missing_ok=True)
 
 
 def _load_kept(kept: Path, file_bytes: int, records: int | None) -> RecordOffsets | None:
@@ -138,7 +145,7 @@ def _load_kept(kept: Path, file_bytes: int, records: int | None) -> RecordOffset
         kept,
         problem,
     )
-    kept.unlink(missing_ok=True)
+    _remove(kept)
     return None
 
 

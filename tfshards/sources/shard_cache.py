@@ -149,9 +149,9 @@ class ShardCache:
         fd = open_lock_file(self.folder / LOCKS_DIR / f"{shard.file}.lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an eviction removes it
-            if not _checked_copy(path, shard):
+            if not _complete(path, shard):
                 with held_exclusively(self.folder / LOCKS_DIR / f"{shard.file}.download"):
-                    if not _checked_copy(path, shard):  # another thread or process got it
+                    if not _complete(path, shard):  # another thread or process got it
                         self._download(shard, path)
             os.utime(path)  # the least recently used shards are evicted first
         except BaseException:
@@ -270,7 +270,7 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _checked_copy(path: Path, shard: ShardInfo) -> bool:
+def _complete(path: Path, shard: ShardInfo) -> bool:
     """Present, of the manifest's size and digest: hashed the first time this process
     sees the file (a file reaches this name only after its digest matched, but a copy
     from an earlier run may have been damaged or swapped since)."""
