@@ -19,6 +19,7 @@ them first (``sources/inflated.py``).
 from __future__ import annotations
 
 import contextlib
+import encodings.cp437  # noqa: F401 - see below
 import logging
 import os
 import struct
@@ -34,6 +35,9 @@ from tfshards.schemas.tfrecord import RecordError, crc32c_at, mask_crc, masked_c
 HEADER_BYTES = 12  # uint64 length, uint32 masked CRC of the length
 FOOTER_BYTES = 4  # uint32 masked CRC of the data
 KEPT_SUFFIX = ".npz"
+# zipfile decodes the kept files' member names with cp437, a codec otherwise imported on
+# first use: by a reader thread, which may hold its import lock when another thread
+# forks, and the child that needs the codec then waits for that lock for ever (seen).
 log = logging.getLogger("tfshards")
 
 
