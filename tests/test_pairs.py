@@ -394,6 +394,6 @@ def test_a_damaged_inflated_copy_is_made_again_and_the_read_goes_on(
         pairs = tfshards.Pairs(out)
     with caplog.at_level("WARNING", logger="tfshards"):
         _assert_same(_images(pairs), expected)
-    assert copy.name in caplog.text and "not at fault" in caplog.text
+    assert f"{copy}: this copy in the user cache folder is damaged" in caplog.text
     assert "manifest was edited" not in caplog.text
     assert copy.read_bytes() == whole

@@ -318,8 +318,8 @@ class SplitRecords:
         shard = self.shards.shards[number]
         path = Path(self._local_path(number))
         log.warning(
-            "%s: this copy in the user cache folder is damaged (%s); the dataset is not at "
-            "fault: the copy is made again from it",
+            "%s: this copy in the user cache folder is damaged (%s): it is made again "
+            "from the dataset",
             path,
             problem,
         )
