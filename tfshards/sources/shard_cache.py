@@ -13,9 +13,10 @@ a manifest older than that field: ``ShardInfo.download_digest``), flushed to the
 and renamed into place only when both match; a mismatch is downloaded once more, then
 the read fails naming the object: a corrupt or truncated object never reaches training.
 A copy already in the folder (from an earlier run or another process) is checked the
-same way the first time a process uses it (once per process and file: CRC-32C reads
-about 20 GB/s, so the cost is reading the copy once); one that differs from the
-manifest (damaged, or another shard's copy put in its place) is downloaded again.
+same way the first time a process uses it (once per process and file: one read of the
+copy, hashed at a fraction of sha256's CPU, ``storage.Crc32cDigest``); one that differs
+from the manifest (damaged, or another shard's copy put in its place) is downloaded
+again.
 
 Several processes on one host share the folder. A shard's use lock is held shared
 while a process reads it or makes it present, so eviction, which needs it exclusively
