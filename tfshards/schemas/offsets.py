@@ -231,15 +231,13 @@ def _checked_length(header: bytes, where: object, index: int | None) -> int:
 
 
 def _keep(path: Path, starts: np.ndarray, file_bytes: int) -> None:
-    """Write atomically, on the disk before the rename; a cache folder that cannot be
-    written only costs a rescan."""
+    """Write atomically (not flushed to the disk: a file torn by a crash fails its CRC
+    and is scanned again); a cache folder that cannot be written only costs a rescan."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as out:
             np.savez(out, starts=starts, file_bytes=np.int64(file_bytes))
-            out.flush()
-            os.fsync(out.fileno())
         os.replace(tmp, path)
     except OSError:
         pass

@@ -9,14 +9,14 @@ Layout (one folder per dataset, keyed by the sha256s of its shards)::
 
 A shard is downloaded to a temporary name (hashed as its bytes arrive, never read
 back), its size and digest compared with the manifest (its CRC-32C, or the sha256 in
-a manifest older than that field: ``ShardInfo.download_digest``), flushed to the disk,
-and renamed into place only when both match; a mismatch is downloaded once more, then
-the read fails naming the object: a corrupt or truncated object never reaches training.
-A copy already in the folder (from an earlier run or another process) is checked the
-same way the first time a process uses it (once per process and file: one read of the
-copy, hashed at a fraction of sha256's CPU, ``storage.Crc32cDigest``); one that differs
-from the manifest (damaged, or another shard's copy put in its place) is downloaded
-again.
+a manifest older than that field: ``ShardInfo.download_digest``), and renamed into
+place only when both match; a mismatch is downloaded once more, then the read fails
+naming the object: a corrupt or truncated object never reaches training. A copy
+already in the folder (from an earlier run or another process, or one a crash left
+torn: it is not flushed to the disk before its rename) is checked the same way the
+first time a process uses it (once per process and file: one read of the copy, hashed
+at a fraction of sha256's CPU, ``storage.Crc32cDigest``); one that differs from the
+manifest (damaged, or another shard's copy put in its place) is downloaded again.
 
 Several processes on one host share the folder. A shard's use lock is held shared
 while a process reads it or makes it present, so eviction, which needs it exclusively
@@ -204,7 +204,6 @@ class ShardCache:
                 self.downloads += 1
                 problem = _mismatch(size, digest, shard)
                 if problem is None:
-                    _flushed(partial)
                     os.replace(partial, path)
                     _checked[str(path)] = _file_id(os.stat(path))
                     log.debug("downloaded %s", storage.display(url))
@@ -296,15 +295,6 @@ def _complete(path: Path, shard: ShardInfo) -> bool:
 
 def _file_id(stat: os.stat_result) -> tuple[int, int]:
     return (stat.st_dev, stat.st_ino)
-
-
-def _flushed(path: Path) -> None:
-    """``path``'s bytes on the disk, before its rename makes it a complete copy."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _mismatch(size: int, digest: str, shard: ShardInfo) -> str | None:
