@@ -58,10 +58,10 @@ def test_scanned_offsets_are_kept_outside_the_dataset(indexed: Path, tmp_path: P
     keep = tmp_path / "kept"
     shard = Manifest.load(indexed).splits["train"].shards[0]
     first = shard_offsets(path, shard.sha256, shard.bytes, keep)
-    assert (keep / f"{shard.sha256}.npy").is_file()
+    assert (keep / f"{shard.sha256}.npz").is_file()
     again = shard_offsets(path, shard.sha256, shard.bytes, keep)
     assert np.array_equal(first.starts, again.starts)
-    assert sorted(p.name for p in indexed.iterdir() if p.name.endswith(".npy")) == []
+    assert sorted(p.name for p in indexed.iterdir() if p.name.endswith(".npz")) == []
 
 
 def test_corrupt_record_names_where(indexed: Path) -> None:
@@ -94,3 +94,25 @@ def test_truncated_shard_scan_fails(indexed: Path) -> None:
 def test_from_starts_lengths_reach_the_end() -> None:
     offsets = RecordOffsets.from_starts(np.array([0, 10, 25]), 40)
     assert offsets.lengths.tolist() == [10, 15, 15]
+
+
+def test_kept_offsets_that_disagree_with_the_shard_are_named_and_scanned_again(
+    indexed: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shards = Manifest.load(indexed).splits["train"].shards
+    paths = _shards(indexed)
+    for path in paths:
+        os.remove(f"{path}.idx")
+    keep = tmp_path / "kept"
+    first = shard_offsets(paths[0], shards[0].sha256, shards[0].bytes, keep)
+    shard_offsets(paths[1], shards[1].sha256, shards[1].bytes, keep)
+    kept = keep / f"{shards[0].sha256}.npz"
+    kept.write_bytes((keep / f"{shards[1].sha256}.npz").read_bytes())  # another shard's
+    with caplog.at_level("WARNING", logger="tfshards"):
+        again = shard_offsets(
+            paths[0], shards[0].sha256, shards[0].bytes, keep, records=shards[0].records
+        )
+    assert np.array_equal(again.starts, first.starts) and len(again) == shards[0].records
+    assert f"{kept}: kept offsets are those of a file of {shards[1].bytes} bytes" in caplog.text
+    assert "not at fault" in caplog.text
+    assert np.array_equal(np.load(kept)["starts"], first.starts)  # kept again, right

@@ -3,11 +3,15 @@ without TensorFlow in the process."""
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +72,7 @@ def test_every_pair_equals_what_read_gives(
         assert mask.dtype == np.uint8 and mask.shape == masks[index].shape  # [H, W, 1]
         np.testing.assert_array_equal(image, images[index])
         np.testing.assert_array_equal(mask, masks[index])
-    assert not any(name.endswith((".npy", ".idx")) for name in os.listdir(out))
+    assert not any(name.endswith((".npz", ".idx")) for name in os.listdir(out))
 
 
 def _jpeg_as_pillow_decodes(out: Path) -> np.ndarray:
@@ -109,7 +113,7 @@ def test_offsets_are_scanned_once_and_kept_outside_the_dataset(tmp_path: Path) -
     finally:
         os.chmod(out, 0o755)
     assert sorted(os.listdir(out)) == before
-    kept = sorted((tmp_path / "user-cache" / "tfshards" / "offsets").glob("*.npy"))
+    kept = sorted((tmp_path / "user-cache" / "tfshards" / "offsets").glob("*.npz"))
     shards = Manifest.load(out).splits["train"].shards
     assert [p.stem for p in kept] == sorted(s.sha256 for s in shards)
 
@@ -195,3 +199,201 @@ def test_the_install_without_tensorflow_lists_every_other_dependency() -> None:
     assert command in (ROOT / "docs" / "frameworks.md").read_text()
     in_ci = command.replace("pip install", "python -m pip install --quiet")
     assert in_ci in (ROOT / ".ci" / "run").read_text()
+
+
+# ---------------------------------------------------------------- forks while another thread reads
+
+
+_HANG_SECONDS = 120.0  # far beyond a child's few reads; only a child stuck on a lock gets here
+
+
+def _fork_reading(pairs: tfshards.Pairs, expected: list[np.ndarray]) -> int:
+    """A forked child that reads every pair and exits 0 if each image is ``expected``."""
+    pid = os.fork()
+    if pid == 0:
+        faulthandler.dump_traceback_later(_HANG_SECONDS * 0.9)  # where a hung child waits
+        code = 1
+        try:
+            got = [pairs[i][0] for i in range(len(pairs))]
+            code = 0 if all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True)) else 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _exit_codes(pids: list[int]) -> list[int | str]:
+    """Each child's exit code; "hung" for one still running at the deadline (then killed)."""
+    deadline = time.monotonic() + _HANG_SECONDS
+    codes: dict[int, int | str] = {}
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for pid in set(pids) - set(codes):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    for pid in set(pids) - set(codes):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        codes[pid] = "hung"
+    return [codes[pid] for pid in pids]
+
+
+def _held_in_a_thread(hold) -> tuple[threading.Event, threading.Thread]:
+    """A thread inside ``with hold():`` until the returned event is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def run() -> None:
+        with hold():
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    held.wait()
+    return release, thread
+
+
+def test_a_child_forked_while_a_thread_holds_the_readers_lock_reads(tmp_path: Path) -> None:
+    out = _convert(tmp_path, encoding="raw")
+    pairs = tfshards.Pairs(out)
+    expected = [pairs[i][0] for i in range(len(pairs))]
+    release, thread = _held_in_a_thread(lambda: pairs.records._lock)
+    pid = _fork_reading(pairs, expected)  # the child's copy of the lock is held
+    release.set()
+    thread.join()
+    assert _exit_codes([pid]) == [0]
+
+
+def test_a_child_forked_while_a_thread_inflates_a_shard_waits_for_it_then_reads(
+    tmp_path: Path,
+) -> None:
+    from tfshards.sources.folders import held_exclusively
+
+    out = _convert(tmp_path, encoding="raw", compression="gzip")
+    expected = [image for image, _ in tfshards.Pairs(out, split="train")]  # inflates, checks
+    inflated = tmp_path / "user-cache" / "tfshards" / "inflated"
+    for copy in inflated.glob("*.tfrecord"):
+        copy.unlink()
+    pairs = tfshards.Pairs(out)
+    first = Manifest.load(out).splits["train"].shards[0]
+    # As a thread of this process inflating shard 0 holds its lock file at the fork: the
+    # child's copy of that descriptor must not keep the lock once this process lets go.
+    lock = inflated / f".{first.sha256}.lock"
+    release, thread = _held_in_a_thread(lambda: held_exclusively(lock))
+    pid = _fork_reading(pairs, expected)
+    release.set()
+    thread.join()
+    assert _exit_codes([pid]) == [0]
+
+
+def test_forty_children_forked_while_a_thread_reads_pairs_all_read_and_exit(
+    tmp_path: Path,
+) -> None:
+    out = _convert(tmp_path, encoding="raw")
+    pairs = tfshards.Pairs(out)
+    expected = [pairs[i][0] for i in range(len(pairs))]
+    pairs.records.open_files = 1  # every change of shard closes and opens under the lock
+    stop = threading.Event()
+
+    def read_in_a_loop() -> None:
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            pairs.__getitems__(rng.integers(0, len(pairs), 4).tolist())
+
+    reader = threading.Thread(target=read_in_a_loop)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the reader is often caught inside its lock at a fork
+    reader.start()
+    try:
+        pids = []
+        for _ in range(40):
+            time.sleep(0.002)
+            pids.append(_fork_reading(pairs, expected))
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(switch)
+    codes = _exit_codes(pids)
+    assert codes == [0] * 40, f"{codes.count('hung')} of 40 children hung"
+
+
+# ---------------------------------------------------------------- damage in the user cache folder
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _cut(path: Path, size: int) -> None:
+    with open(path, "r+b") as stream:
+        stream.truncate(size)
+
+
+def _images(pairs: tfshards.Pairs) -> list[np.ndarray]:
+    return [pairs[i][0] for i in range(len(pairs))]
+
+
+def _assert_same(got: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "another shard's"])
+def test_damaged_kept_offsets_are_named_and_scanned_again(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = _convert(tmp_path, count=11, encoding="raw")  # shards of 4, 4 and 3 records
+    expected = _images(tfshards.Pairs(out))
+    shards = Manifest.load(out).splits["train"].shards
+    folder = tmp_path / "user-cache" / "tfshards" / "offsets"
+    kept = {p.stem: p for p in folder.iterdir()}  # by shard sha256
+    first, last = kept[shards[0].sha256], kept[shards[-1].sha256]
+    if damage == "flipped byte":
+        _flip(first, first.stat().st_size - 5)
+    elif damage == "truncated":
+        _cut(first, first.stat().st_size // 2)
+    else:
+        first.write_bytes(last.read_bytes())
+    with caplog.at_level("WARNING", logger="tfshards"):
+        _assert_same(_images(tfshards.Pairs(out)), expected)
+    assert first.name in caplog.text and "not at fault" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tfshards"):
+        _assert_same(_images(tfshards.Pairs(out)), expected)
+    assert caplog.text == ""  # kept again, whole
+
+
+def _records_of(copy: Path) -> np.ndarray:
+    from tfshards.schemas.offsets import scan_offsets
+
+    return scan_offsets(copy).starts
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "cut mid-record", "cut at a record's end"])
+@pytest.mark.parametrize("reader", ["next run", "same reader"])
+def test_a_damaged_inflated_copy_is_made_again_and_the_read_goes_on(
+    tmp_path: Path, damage: str, reader: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = _convert(tmp_path, count=11, encoding="raw", compression="gzip")
+    pairs = tfshards.Pairs(out)
+    expected = _images(pairs)
+    shard = Manifest.load(out).splits["train"].shards[1]
+    copy = tmp_path / "user-cache" / "tfshards" / "inflated" / f"{shard.sha256}.tfrecord"
+    whole = copy.read_bytes()
+    starts = _records_of(copy)
+    if damage == "flipped byte":
+        _flip(copy, int(starts[2]) + 100)  # inside record 2's pixels
+    elif damage == "cut mid-record":
+        _cut(copy, int(starts[-1]) + 50)
+    else:
+        _cut(copy, int(starts[-1]))  # one record fewer than the manifest says
+    if reader == "next run":
+        pairs = tfshards.Pairs(out)
+    with caplog.at_level("WARNING", logger="tfshards"):
+        _assert_same(_images(pairs), expected)
+    assert f"{copy}: this copy in the user cache folder is damaged" in caplog.text
+    assert "manifest was edited" not in caplog.text
+    assert copy.read_bytes() == whole

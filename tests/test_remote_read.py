@@ -488,3 +488,44 @@ def test_a_dataset_at_a_url_mixes_smaller_groups_of_shards():
     assert group_shards(sizes, None, remote=True) == 3
     assert group_shards(sizes, 6, remote=True) == 6  # cycle_length decides when given
     assert group_shards([300 * 2**20] * 4, None, remote=True) == 1
+
+
+_PAIR_DIGESTS = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    import tfshards
+    pairs = tfshards.Pairs(sys.argv[1], options=tfshards.ReadOptions(shard_cache=sys.argv[2]))
+    print(json.dumps([hashlib.sha1(pairs[i][0].tobytes()).hexdigest() for i in range(len(pairs))]))
+    """
+)
+
+
+@pytest.mark.parametrize("swap", ["renamed", "rewritten in place"])
+def test_two_same_size_copies_swapped_in_the_shard_cache_are_downloaded_again(
+    local_dataset, logged_server, tmp_path, swap
+):
+    from conftest import run_json_script
+
+    _, log = logged_server
+    url = uploaded(local_dataset, "s3://tfshards-remote/ds")
+    folder = tmp_path / "shards"
+    expected = run_json_script(_PAIR_DIGESTS, local_dataset, folder)
+    assert run_json_script(_PAIR_DIGESTS, url, folder) == expected  # every shard downloaded
+    copies = sorted(folder.glob("*/train-*.tfrecord"))
+    a, b = next((x, y) for x in copies for y in copies if x < y and _size(x) == _size(y))
+    if swap == "renamed":
+        os.replace(a, tmp_path / "a")
+        os.replace(b, a)
+        os.replace(tmp_path / "a", b)
+    else:
+        data_a, data_b = a.read_bytes(), b.read_bytes()
+        a.write_bytes(data_b)
+        b.write_bytes(data_a)
+    assert run_json_script(_PAIR_DIGESTS, url, folder) == expected  # a later run
+    gets = shard_gets(log)
+    assert gets.pop(a.name) == gets.pop(b.name) == 2, "the two swapped copies, downloaded again"
+    assert set(gets.values()) == {1}
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size

@@ -226,6 +226,27 @@ def test_a_shard_cache_limit_is_kept_and_too_small_a_limit_is_refused(
         assert sum(p.stat().st_size for p in cache.rglob("*.tfrecord")) <= 4 * largest
 
 
+def test_a_downloaded_copy_damaged_while_in_use_is_downloaded_again(
+    dataset: Path, s3_bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    upload_folder(dataset, s3_bucket)
+    cache = tmp_path / "cache"
+    records = SplitRecords(
+        split_shards(s3_bucket, "train"), shard_cache=cache, offsets_folder=tmp_path / "o"
+    )
+    expected = _all_records(dataset)
+    assert records.read(range(11)) == expected  # checked once, trusted since
+    copy = next(cache.glob("*/" + Manifest.load(dataset).splits["train"].shards[1].file))
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the same file, changed under the open reader
+    copy.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="tfshards"):
+        assert records.read(range(11)) == expected
+    assert f"{copy}: this copy in the user cache folder is damaged" in caplog.text
+    assert f"{copy}: this copy in the shard cache differs from the manifest's" in caplog.text
+    assert copy.read_bytes() == (dataset / copy.name).read_bytes()  # downloaded again
+
+
 def test_reading_compressed_shards_and_the_shard_cache_import_no_tensorflow(
     tmp_path: Path,
 ) -> None:

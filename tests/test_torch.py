@@ -6,7 +6,9 @@ torch and torchdata come with the test extra: without them this module fails to 
 
 from __future__ import annotations
 
+import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +56,42 @@ def test_dataloader_workers_give_each_pair_once_per_epoch(dataset: Path, start: 
         assert sorted(keys) == sorted(expected)  # each pair once
         orders.append(keys)
     assert orders[0] != orders[1]  # shuffled again each epoch
+
+
+def test_fork_workers_beside_a_validation_thread_on_the_same_pairs_never_hang(
+    dataset: Path,
+) -> None:
+    """Workers forked each epoch while another thread reads the same ``Pairs``: a
+    worker forked while that thread held the reader's lock once waited for ever."""
+    pairs = tfshards.Pairs(dataset, with_keys=True)
+    pairs.records.open_files = 1  # every change of shard closes and opens under the lock
+    keys = sorted(pairs.key(i) for i in range(len(pairs)))
+    loader = DataLoader(
+        pairs,
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=False,
+        timeout=120,  # a hung worker: an error after two minutes, not a hung test
+    )
+    stop = threading.Event()
+
+    def validate() -> None:
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            pairs.__getitems__(rng.integers(0, len(pairs), 4).tolist())  # a shard change each
+
+    thread = threading.Thread(target=validate)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the thread is often caught inside the lock at a fork
+    thread.start()
+    try:
+        for _ in range(10):
+            assert sorted(key for *_, batch in loader for key in batch) == keys
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
 
 
 def test_chw_float_transform_batches_for_a_loss(dataset: Path) -> None:

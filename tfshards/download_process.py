@@ -54,6 +54,7 @@ class DownloadProcess:
     def __init__(self) -> None:
         self._start = threading.Lock()
         self._helper: _Helper | None = None
+        _instances.add(self)
 
     def prepare(self) -> None:
         """Start the helper now (it boots while TensorFlow builds the pipeline)."""
@@ -94,6 +95,7 @@ class DownloadProcess:
 
 _shared_lock = threading.Lock()
 _shared: tuple[str, _Helper] | None = None  # this environment's helper, kept for later readers
+_instances: weakref.WeakSet[DownloadProcess] = weakref.WeakSet()
 
 
 def _shared_helper() -> _Helper:
@@ -108,9 +110,13 @@ def _shared_helper() -> _Helper:
 
 def _forget_after_fork() -> None:
     """A forked child (a DataLoader worker, say) starts a helper of its own when it
-    downloads: the parent's is the parent's (its socket and pipe are not shared)."""
+    downloads: the parent's is the parent's (its socket and pipe are not shared). Its
+    locks are new: one held by another thread of the parent at the fork (starting the
+    helper) would stay held here for ever."""
     global _shared, _shared_lock
     _shared_lock = threading.Lock()
+    for instance in list(_instances):
+        instance._start = threading.Lock()
     if _shared is not None:
         with contextlib.suppress(OSError):
             _shared[1].process.stdin.close()  # this copy of the pipe: the helper still

@@ -6,7 +6,11 @@ TFRecord has no index of its own. A shard's offsets come from its ``.idx`` file
 ``tfrecord2idx``) or from a scan of its record headers: 12 bytes read per record and
 the data skipped by seeking, so a scan reads a few hundred bytes per MB of shard.
 Scanned offsets are kept in the user cache folder, keyed by the shard's sha256, never
-written into the dataset (which may be read-only, or shared).
+written into the dataset (which may be read-only, or shared): ``<sha256>.npz`` (NumPy's
+zip of ``starts`` and ``file_bytes``, whose CRC-32 catches a damaged file). Kept offsets
+that do not load, or disagree with the shard's size or record count, are the cache's
+fault, not the dataset's: a warning names the file, it is removed and the shard is
+scanned again.
 
 Compressed (gzip/zlib) shards have no offsets into their bytes; readers by index inflate
 them first (``sources/inflated.py``).
@@ -14,6 +18,9 @@ them first (``sources/inflated.py``).
 
 from __future__ import annotations
 
+import contextlib
+import encodings.cp437  # noqa: F401 - see below
+import logging
 import os
 import struct
 from collections.abc import Sequence
@@ -27,6 +34,11 @@ from tfshards.schemas.tfrecord import RecordError, crc32c_at, mask_crc, masked_c
 
 HEADER_BYTES = 12  # uint64 length, uint32 masked CRC of the length
 FOOTER_BYTES = 4  # uint32 masked CRC of the data
+KEPT_SUFFIX = ".npz"
+# zipfile decodes the kept files' member names with cp437, a codec otherwise imported on
+# first use: by a reader thread, which may hold its import lock when another thread
+# forks, and the child that needs the codec then waits for that lock for ever (seen).
+log = logging.getLogger("tfshards")
 
 
 @dataclass(frozen=True)
@@ -81,22 +93,83 @@ def scan_offsets(path: Path) -> RecordOffsets:
     return RecordOffsets.from_starts(np.array(starts, np.int64), size)
 
 
-def shard_offsets(path: Path, sha256: str, file_bytes: int, keep_in: Path | None) -> RecordOffsets:
-    """The offsets of one uncompressed shard: its ``.idx``, kept offsets, or a scan
-    (kept under ``keep_in`` when given, as ``<sha256>.npy``)."""
+def shard_offsets(
+    path: Path,
+    sha256: str,
+    file_bytes: int,
+    keep_in: Path | None,
+    *,
+    records: int | None = None,
+) -> RecordOffsets:
+    """The offsets of one uncompressed shard of ``file_bytes`` bytes (``records`` records,
+    when known): its ``.idx``, kept offsets that agree with it, or a scan (kept under
+    ``keep_in`` when given, as ``<sha256>.npz``)."""
     index = index_path(path)
     if index.is_file():
         return load_index(index, file_bytes)
-    kept = keep_in / f"{sha256}.npy" if keep_in is not None else None
-    if kept is not None and kept.is_file():
-        try:
-            return RecordOffsets.from_starts(np.load(kept), file_bytes)
-        except (OSError, ValueError):
-            pass  # damaged: scan again and replace it
+    kept = keep_in / f"{sha256}{KEPT_SUFFIX}" if keep_in is not None else None
+    if kept is not None:
+        offsets = _load_kept(kept, file_bytes, records)
+        if offsets is not None:
+            return offsets
     offsets = scan_offsets(path)
     if kept is not None:
-        _keep(kept, offsets.starts)
+        _keep(kept, offsets.starts, file_bytes)
     return offsets
+
+
+def forget_kept(sha256: str, keep_in: Path) -> None:
+    """Remove the kept offsets of the shard of ``sha256`` (its copy was damaged)."""
+    _remove(keep_in / f"{sha256}{KEPT_SUFFIX}")
+
+
+def _remove(kept: Path) -> None:
+    """A kept file that cannot be removed (a read-only cache folder) costs only rescans."""
+    with contextlib.suppress(OSError):
+        kept.unlink(missing_ok=True)
+
+
+def _load_kept(kept: Path, file_bytes: int, records: int | None) -> RecordOffsets | None:
+    """Kept offsets that agree with the shard; None where there are none (a damaged or
+    disagreeing file is named in a warning and removed)."""
+    try:
+        with np.load(kept) as stored:
+            starts, size = stored["starts"], int(stored["file_bytes"])
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - a damaged zip fails in many ways
+        problem = f"unreadable ({type(exc).__name__}: {exc})"
+    else:
+        problem = _disagreement(starts, size, file_bytes, records)
+        if problem is None:
+            return RecordOffsets.from_starts(starts, file_bytes)
+    log.warning(
+        "%s: kept offsets %s; removed, the shard is scanned again (the dataset is not at "
+        "fault: this file is in the user cache folder)",
+        kept,
+        problem,
+    )
+    _remove(kept)
+    return None
+
+
+def _disagreement(
+    starts: np.ndarray, size: int, file_bytes: int, records: int | None
+) -> str | None:
+    """How kept ``starts`` (for a file of ``size`` bytes) disagree with a shard of
+    ``file_bytes`` bytes and ``records`` records; None if they agree."""
+    if starts.ndim != 1 or starts.dtype != np.int64:
+        return f"are not a list of int64 offsets ({starts.dtype}, {starts.ndim} dimensions)"
+    if size != file_bytes:
+        return f"are those of a file of {size} bytes, but the shard has {file_bytes}"
+    if records is not None and len(starts) != records:
+        return f"list {len(starts)} records, but the manifest says {records}"
+    ends = np.append(starts[1:], np.int64(file_bytes))
+    if len(starts) and (starts[0] != 0 or np.any(ends - starts < HEADER_BYTES + FOOTER_BYTES)):
+        return "do not follow one another"
+    if not len(starts) and file_bytes:
+        return f"list no record in a shard of {file_bytes} bytes"
+    return None
 
 
 def read_record(fd: int, start: int, length: int, where: str) -> bytes:
@@ -157,13 +230,14 @@ def _checked_length(header: bytes, where: object, index: int | None) -> int:
     return length
 
 
-def _keep(path: Path, starts: np.ndarray) -> None:
-    """Write atomically; a cache folder that cannot be written only costs a rescan."""
+def _keep(path: Path, starts: np.ndarray, file_bytes: int) -> None:
+    """Write atomically (not flushed to the disk: a file torn by a crash fails its CRC
+    and is scanned again); a cache folder that cannot be written only costs a rescan."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as out:
-            np.save(out, starts)
+            np.savez(out, starts=starts, file_bytes=np.int64(file_bytes))
         os.replace(tmp, path)
     except OSError:
         pass

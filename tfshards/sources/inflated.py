@@ -8,9 +8,11 @@ inflates it once, whole, into the user cache folder::
 
 The compressed bytes are hashed while they are inflated and compared with the
 manifest's sha256, so a copy exists under a shard's name only when it came from
-exactly that shard; it is written to a temporary name and renamed into place, and
-one process at a time inflates a shard (an ``flock`` per shard: the others wait and
-find it done). Nothing is ever written into the dataset folder.
+exactly that shard; it is written to a temporary name, flushed to the disk and renamed
+into place (a crash never leaves a torn copy under the name), and one process at a time
+inflates a shard (an ``flock`` per shard: the others wait and find it done). A copy
+damaged later is found by its records' CRCs or offsets, and made again
+(``records.py``). Nothing is ever written into the dataset folder.
 
 Cost: one pass of inflation per shard, per machine (about the time of one streamed
 epoch through ``tfshards.read`` on that shard), and the disk of the uncompressed
@@ -86,6 +88,8 @@ def _inflate(source: Path, out_path: Path, kind: Compression) -> str:
             raise RecordError(f"{source}: corrupt {kind.name} stream ({exc})") from exc
         if not inflate.eof:
             raise RecordError(f"{source}: truncated {kind.name} stream (it ends mid-stream)")
+        out.flush()
+        os.fsync(out.fileno())  # on the disk before the rename names it a complete copy
     return digest.hexdigest()
 
 

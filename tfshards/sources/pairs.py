@@ -48,7 +48,8 @@ class Pairs:
     folder on first use (``tfshards/sources/inflated.py`` states the cost).
 
     Safe to pickle and to fork: each process opens its own files (a ``DataLoader``
-    worker, a Grain worker process), and no file handle or lock crosses a fork.
+    worker, a Grain worker process), and no file handle or lock crosses a fork, even
+    one made while another thread reads (the child starts with fresh locks).
     """
 
     def __init__(

@@ -3,7 +3,9 @@
 Global index ``i`` is the ``i``-th record of the split in the manifest's order (shard by
 shard). A read looks up each record's offset (``schemas/offsets.py``), reads it with
 ``os.pread`` and checks both CRCs. File descriptors belong to the process that opened
-them: a forked or unpickled copy opens its own, so nothing is shared across a fork.
+them: an unpickled copy opens its own, and so does a forked child, whose copies of the
+parent's locks and descriptors are replaced as it starts (``folders.py`` says why), so a
+fork while another thread reads leaves nothing held.
 
 Where the bytes come from, by the dataset:
 
@@ -22,11 +24,18 @@ with :class:`DatasetChangedError` instead of mixing two datasets. A downloaded c
 is checked against the manifest's size and sha256 instead (``ShardCheckError`` for an
 object replaced in the bucket): a copy evicted and downloaded again is another file
 with the same bytes.
+
+The uncompressed copies, downloaded copies and kept offsets live in the user cache
+folder, not in the dataset: one found damaged (a record whose CRC fails, offsets that
+disagree with the manifest's record count) is reported in a warning naming it, removed
+and made again from the dataset, and the read goes on. Only if the copy made again
+disagrees too is the dataset at fault, and the error says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -41,8 +50,9 @@ from tfshards.errors import DatasetChangedError, ManifestError, OptionsError
 from tfshards.readers.memory_limits import outgrows_page_cache
 from tfshards.readers.shards import SplitShards
 from tfshards.schemas.format import compression
-from tfshards.schemas.offsets import RecordOffsets, read_record, shard_offsets
-from tfshards.sources.folders import user_cache_dir
+from tfshards.schemas.offsets import RecordOffsets, forget_kept, read_record, shard_offsets
+from tfshards.schemas.tfrecord import RecordError
+from tfshards.sources.folders import reset_in_forked_children, user_cache_dir
 from tfshards.sources.inflated import default_inflated_folder, inflated_copy
 from tfshards.sources.shard_cache import ShardCache, shard_cache_key
 
@@ -50,6 +60,7 @@ OPEN_FILES = 64  # descriptors kept open per process, least recently used closed
 MIN_CACHED_SHARDS = 3  # a shard cache limit must hold this many of the largest shards
 Identity = tuple[int, int, int, int]
 ReadOne = Callable[[int, int, int, int, str], None]  # see SplitRecords.read_each
+log = logging.getLogger("tfshards")
 
 
 def _ask_for_records(fd: int, offsets: RecordOffsets, locals_: np.ndarray) -> None:
@@ -117,23 +128,36 @@ class SplitRecords:
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
+        self._offsets: dict[int, RecordOffsets] = {}
+        self._no_handles()
+        reset_in_forked_children(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's locks may be held by threads that do not exist
+        here, and its descriptors, shard cache and download helper are the parent's (its
+        offsets, mere numbers, are kept)."""
+        for fd in [*self._files.values(), *_flat(self._retired)]:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # the child's copies
+        self._no_handles()
+
+    def _no_handles(self) -> None:
         self._lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._files: OrderedDict[int, int] = OrderedDict()  # shard number -> descriptor
         self._busy: dict[int, int] = {}  # shard number -> reads using its descriptor now
-        self._offsets: dict[int, RecordOffsets] = {}
+        self._retired: dict[int, list[int]] = {}  # descriptors of damaged copies, closed when idle
         self._marked: set[int] = set()  # shards marked in use in the shard cache
         self._cache: ShardCache | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         for name in (
-            "_pid",
             "_lock",
             "_cache_lock",
             "_files",
             "_busy",
+            "_retired",
             "_offsets",
             "_marked",
             "_cache",
@@ -181,27 +205,43 @@ class SplitRecords:
         order = np.lexsort((locals_, shard_numbers))
         starts = np.flatnonzero(np.diff(shard_numbers[order], prepend=-1))
         for run in np.split(order, starts[1:]):
-            number = int(shard_numbers[run[0]])
+            self._read_run(int(shard_numbers[run[0]]), run, locals_[run], read_one)
+
+    def _read_run(
+        self, number: int, run: np.ndarray, locals_: np.ndarray, read_one: ReadOne
+    ) -> None:
+        """``read_one`` for the records ``locals_`` of shard ``number`` (at positions
+        ``run``); a copy in the user cache whose record fails its CRC is made again, once."""
+        for attempt in (1, 2):
             fd, offsets = self._open(number)  # in use until done: never closed under us
             try:
                 if self.ask_ahead:
-                    _ask_for_records(fd, offsets, locals_[run])
-                for position in run:
-                    local = int(locals_[position])
+                    _ask_for_records(fd, offsets, locals_)
+                for position, local in zip(run.tolist(), locals_.tolist(), strict=True):
                     where = f"{self.shards.paths[number]}: record {local}"
                     start, length = int(offsets.starts[local]), int(offsets.lengths[local])
-                    read_one(int(position), fd, start, length, where)
+                    read_one(position, fd, start, length, where)
+                return
+            except RecordError as exc:
+                if attempt == 2 or not self.derived:
+                    raise
+                self._discard(number, fd, str(exc))
             finally:
                 self._done(number)
+
+    @property
+    def derived(self) -> bool:
+        """Whether the files read are copies in the user cache (inflated, downloaded)
+        rather than the dataset's own shards."""
+        return self.downloads is not None or self.kind.compressed
 
     def _done(self, number: int) -> None:
         """A read of shard ``number`` is over; close descriptors beyond the limit now."""
         with self._lock:
-            if self._pid != os.getpid():
-                return
             self._busy[number] -= 1
             if not self._busy[number]:
                 del self._busy[number]
+                self._done_retired(number)
             self._close_beyond_limit()
 
     def _close_beyond_limit(self) -> None:
@@ -222,36 +262,84 @@ class SplitRecords:
 
     def _open(self, number: int) -> tuple[int, RecordOffsets]:
         with self._lock:
-            if self._pid != os.getpid():  # a forked copy: the parent's descriptors are not ours
-                self._reset_locked()
-            fd = self._files.get(number)
-            if fd is None:
-                fd = self._open_checked(number)
+            if number not in self._offsets:
+                self._open_with_offsets(number)
+            elif number not in self._files:
+                self._open_checked(number)
             self._files.move_to_end(number)
             self._busy[number] = self._busy.get(number, 0) + 1
             self._close_beyond_limit()
-            if number not in self._offsets:
-                shard = self.shards.shards[number]
-                path = Path(self._local_path(number))
-                offsets = shard_offsets(
-                    path, shard.sha256, os.fstat(fd).st_size, self.offsets_folder
-                )
-                if len(offsets) != shard.records:
-                    raise ManifestError(
-                        f"{self.shards.paths[number]}: {len(offsets)} records, but the manifest "
-                        f"says {shard.records}; the manifest was edited or belongs to other "
-                        "shards: convert again (`tfshards verify` shows the differences)"
-                    )
-                self._offsets[number] = offsets
-            return fd, self._offsets[number]
+            return self._files[number], self._offsets[number]
 
-    def _reset_locked(self) -> None:
-        self._pid = os.getpid()
-        self._files = OrderedDict()
-        self._busy = {}
-        self._marked = set()
-        self._cache = None  # the parent's helper process and locks are the parent's
-        self._cache_lock = threading.Lock()
+    def _open_with_offsets(self, number: int) -> None:
+        """Open shard ``number`` and find its offsets; a copy in the user cache whose
+        offsets disagree with the manifest is made again, once (the lock is held)."""
+        shard = self.shards.shards[number]
+        for attempt in (1, 2):
+            fd = self._files.get(number)
+            if fd is None:
+                fd = self._open_checked(number)
+            last = attempt == 2 or not self.derived
+            try:
+                offsets = shard_offsets(
+                    Path(self._local_path(number)),
+                    shard.sha256,
+                    os.fstat(fd).st_size,
+                    self.offsets_folder,
+                    records=shard.records,
+                )
+            except RecordError as exc:
+                if last:
+                    raise
+                self._discard_locked(number, fd, str(exc))
+                continue
+            if len(offsets) == shard.records:
+                self._offsets[number] = offsets
+                return
+            if last:
+                raise ManifestError(
+                    f"{self.shards.paths[number]}: {len(offsets)} records, but the manifest "
+                    f"says {shard.records}; the manifest was edited or belongs to other "
+                    "shards: convert again (`tfshards verify` shows the differences)"
+                )
+            problem = f"{len(offsets)} records, but the manifest says {shard.records}"
+            self._discard_locked(number, fd, problem)
+
+    def _discard(self, number: int, fd: int, problem: str) -> None:
+        with self._lock:
+            self._discard_locked(number, fd, problem)
+
+    def _discard_locked(self, number: int, fd: int, problem: str) -> None:
+        """The copy of shard ``number`` read through ``fd`` is damaged: forget it, its
+        offsets and its check, so that the next open makes it again (unless another
+        thread already did). Its descriptor closes once no read uses it."""
+        if self._files.get(number) != fd:
+            return
+        shard = self.shards.shards[number]
+        path = Path(self._local_path(number))
+        log.warning(
+            "%s: this copy in the user cache folder is damaged (%s): it is made again "
+            "from the dataset",
+            path,
+            problem,
+        )
+        forget_kept(shard.sha256, self.offsets_folder)
+        if self.kind.compressed:
+            _remove_if_same(path, fd)
+        else:  # a downloaded copy: hashed again when next fetched, downloaded if it differs
+            self._shard_cache().recheck(shard)
+        del self._files[number]
+        self._offsets.pop(number, None)
+        self._retired.setdefault(number, []).append(fd)
+        if number not in self._busy:
+            self._done_retired(number)
+        if number in self._marked:
+            self._marked.discard(number)
+            self._cache.release(shard)
+
+    def _done_retired(self, number: int) -> None:
+        for fd in self._retired.pop(number, ()):
+            os.close(fd)
 
     def _open_checked(self, number: int) -> int:
         path = self._local_copy(number, mark=True)
@@ -337,15 +425,28 @@ class SplitRecords:
 
     def close(self) -> None:
         with self._lock:
-            if self._pid == os.getpid():
-                for number in list(self._files):
-                    self._close_locked(number)
-            self._files = OrderedDict()
+            for number in list(self._files):
+                self._close_locked(number)
+            for number in list(self._retired):
+                self._done_retired(number)
             self._marked = set()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter shutdown
             self.close()
+
+
+def _flat(lists: dict[int, list[int]]) -> list[int]:
+    return [item for items in lists.values() for item in items]
+
+
+def _remove_if_same(path: Path, fd: int) -> None:
+    """Remove ``path`` if it still names the file open as ``fd`` (not a copy another
+    process has made again meanwhile)."""
+    opened = os.fstat(fd)
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.samestat(opened, os.stat(path)):
+            path.unlink()
 
 
 def _identity(stat: os.stat_result) -> Identity:

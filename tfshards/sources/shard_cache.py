@@ -11,7 +11,12 @@ A shard is downloaded to a temporary name (hashed as its bytes arrive, never rea
 back), its size and digest compared with the manifest (its CRC-32C, or the sha256 in
 a manifest older than that field: ``ShardInfo.download_digest``), and renamed into
 place only when both match; a mismatch is downloaded once more, then the read fails
-naming the object: a corrupt or truncated object never reaches training.
+naming the object: a corrupt or truncated object never reaches training. A copy
+already in the folder (from an earlier run or another process, or one a crash left
+torn: it is not flushed to the disk before its rename) is checked the same way the
+first time a process uses it (once per process and file: one read of the copy, hashed
+at a fraction of sha256's CPU, ``storage.Crc32cDigest``); one that differs from the
+manifest (damaged, or another shard's copy put in its place) is downloaded again.
 
 Several processes on one host share the folder. A shard's use lock is held shared
 while a process reads it or makes it present, so eviction, which needs it exclusively
@@ -41,11 +46,19 @@ from tfshards import storage
 from tfshards.download_process import DownloadProcess
 from tfshards.errors import TfshardsError
 from tfshards.schemas.manifest import Manifest, ShardInfo
-from tfshards.sources.folders import held_exclusively, process_alive
+from tfshards.sources.folders import (
+    close_lock_file,
+    held_exclusively,
+    open_lock_file,
+    process_alive,
+    reset_in_forked_children,
+)
 
 LOCKS_DIR = ".locks"
 DOWNLOAD_PREFIX = ".download-"
 log = logging.getLogger("tfshards")
+# Copies whose digest matched the manifest's, by path: (device, inode) of the file checked.
+_checked: dict[str, tuple[int, int]] = {}
 
 
 class ShardCheckError(TfshardsError):
@@ -85,10 +98,8 @@ class ShardCache:
         self.keep = keep
         self.storage_options = storage_options
         self.downloads = 0  # by this process: what tests and logs count
-        self._in_use: OrderedDict[str, tuple[int, int]] = OrderedDict()  # file -> (fd, uses)
-        self._mutex = threading.Lock()
-        self._room = threading.Lock()
-        self._reserved = 0  # bytes of this process's downloads in flight
+        self.after_fork()
+        reset_in_forked_children(self)
         # Callers are tf.data's threads: transfers run in a helper process, never on
         # fsspec's loop thread here (see download_process.py for the hang this avoids).
         self._transfers = DownloadProcess()
@@ -97,9 +108,18 @@ class ShardCache:
         (folder / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
         _remove_abandoned_downloads(folder)
 
+    def after_fork(self) -> None:
+        """Fresh locks, nothing in use: in a forked child, the parent's locks may be held
+        by threads that do not exist here (the descriptors holding the use locks are lock
+        files, closed in the child by ``folders.py``)."""
+        self._in_use: OrderedDict[str, tuple[int, int]] = OrderedDict()  # file -> (fd, uses)
+        self._mutex = threading.Lock()
+        self._room = threading.Lock()
+        self._reserved = 0  # bytes of this process's downloads in flight
+
     def ensure(self, shard: ShardInfo) -> None:
         """Download ``shard`` unless it is here (without marking it in use)."""
-        os.close(self._locked_present(shard))
+        close_lock_file(self._locked_present(shard))
 
     def fetch(self, shard: ShardInfo) -> str:
         """The local path of a checked copy of ``shard``, marked in use by this process."""
@@ -117,12 +137,17 @@ class ShardCache:
                 self._in_use[shard.file] = (fd, uses - 1)
             else:
                 del self._in_use[shard.file]
-                os.close(fd)
+                close_lock_file(fd)
+
+    def recheck(self, shard: ShardInfo) -> None:
+        """The copy of ``shard`` was found damaged while read: the next ``fetch`` or
+        ``ensure`` hashes it again, and downloads it again if it differs."""
+        _checked.pop(str(self.folder / shard.file), None)
 
     def _locked_present(self, shard: ShardInfo) -> int:
-        """Make ``shard`` present; return a descriptor holding its lock shared."""
+        """Make ``shard`` present and checked; return a descriptor holding its lock shared."""
         path = self.folder / shard.file
-        fd = os.open(self.folder / LOCKS_DIR / f"{shard.file}.lock", os.O_RDWR | os.O_CREAT)
+        fd = open_lock_file(self.folder / LOCKS_DIR / f"{shard.file}.lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an eviction removes it
             if not _complete(path, shard):
@@ -131,7 +156,7 @@ class ShardCache:
                         self._download(shard, path)
             os.utime(path)  # the least recently used shards are evicted first
         except BaseException:
-            os.close(fd)
+            close_lock_file(fd)
             raise
         return fd
 
@@ -147,11 +172,11 @@ class ShardCache:
         with self._mutex:
             old, uses = self._in_use.pop(name, (None, 0))
             if old is not None:
-                os.close(fd)  # one descriptor per shard holds the lock
+                close_lock_file(fd)  # one descriptor per shard holds the lock
                 fd = old
             self._in_use[name] = (fd, uses + 1)
             while len(self._in_use) > self.keep:
-                os.close(self._in_use.popitem(last=False)[1][0])
+                close_lock_file(self._in_use.popitem(last=False)[1][0])
 
     def _download(self, shard: ShardInfo, path: Path) -> None:
         with self._room:
@@ -165,6 +190,13 @@ class ShardCache:
 
     def _download_checked(self, shard: ShardInfo, path: Path) -> None:
         url = storage.join(self.remote_root, shard.file)
+        if path.exists():
+            log.warning(
+                "%s: this copy in the shard cache differs from the manifest's %s (damaged, or "
+                "another shard's copy); downloading it again",
+                path,
+                shard.download_digest[0],
+            )
         for attempt in (1, 2):
             partial = self.folder / f"{DOWNLOAD_PREFIX}{os.getpid()}-{shard.file}"
             try:
@@ -173,6 +205,7 @@ class ShardCache:
                 problem = _mismatch(size, digest, shard)
                 if problem is None:
                     os.replace(partial, path)
+                    _checked[str(path)] = _file_id(os.stat(path))
                     log.debug("downloaded %s", storage.display(url))
                     return
             finally:
@@ -238,11 +271,30 @@ def _size(path: Path) -> int:
 
 
 def _complete(path: Path, shard: ShardInfo) -> bool:
-    """Present at its full size: a file reaches this name only after its digest matched."""
+    """Present, of the manifest's size and digest: hashed the first time this process
+    sees the file (a file reaches this name only after its digest matched, but a copy
+    from an earlier run may have been damaged or swapped since)."""
     try:
-        return path.stat().st_size == shard.bytes
+        stat = path.stat()
     except FileNotFoundError:
         return False
+    if stat.st_size != shard.bytes:
+        return False
+    if _checked.get(str(path)) == _file_id(stat):
+        return True
+    name, expected = shard.download_digest
+    try:
+        digest = storage.file_digests(path, (name,))[name]
+    except FileNotFoundError:  # evicted meanwhile
+        return False
+    if digest != expected:
+        return False
+    _checked[str(path)] = _file_id(stat)
+    return True
+
+
+def _file_id(stat: os.stat_result) -> tuple[int, int]:
+    return (stat.st_dev, stat.st_ino)
 
 
 def _mismatch(size: int, digest: str, shard: ShardInfo) -> str | None:
@@ -257,18 +309,19 @@ def _mismatch(size: int, digest: str, shard: ShardInfo) -> str | None:
 
 def _evict(path: Path, lock: Path) -> int:
     """Remove ``path`` unless a process holds its lock; the bytes freed."""
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fd = open_lock_file(lock)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
+        close_lock_file(fd)
         return 0
     try:
         size = path.stat().st_size
         path.unlink()
+        _checked.pop(str(path), None)  # its inode number may come back on another file
         log.debug("evicted %s from the shard cache", path.name)
         return size
     except FileNotFoundError:
         return 0
     finally:
-        os.close(fd)
+        close_lock_file(fd)
