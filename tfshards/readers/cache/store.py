@@ -20,6 +20,14 @@ cache, while a background thread (:class:`Publisher`) fsyncs them and renames th
 folder to ``ready``. The epoch that built the entry so never waits for the disk to
 take it in. The first rename wins; a crash, before or after, leaves either a building
 folder nobody reads or a whole entry (see entry.py).
+
+Checked: ``pairs.crc32c`` holds each pair's CRC-32C ([records] little-endian uint32) of
+its record index (8 bytes, little-endian), its image's bytes and its mask's, taken
+when the pair is written and checked each time it is read, so a changed byte or two
+pairs swapped on disk stop the read (:class:`CacheDamagedError`) instead of reaching
+training; the entry is then removed, and the next read builds it again. A file of
+another size makes the entry not ready: it is rebuilt (as a truncated pairs file is).
+The check costs CPU on every warm epoch: benchmarks/studies/cache_checksum_cost.py.
 """
 
 from __future__ import annotations
@@ -31,14 +39,20 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 
-from tfshards.readers.cache.entry import DiskCache, publishing
+from tfshards.errors import TfshardsError
+from tfshards.readers.cache.entry import DiskCache, publishing, wait_for_publishing
 from tfshards.readers.memory_limits import outgrows_page_cache, usable_memory
+from tfshards.schemas.tfrecord import crc32c_at
 from tfshards.sources.pixel_batches import aligned_empty
 
 log = logging.getLogger("tfshards")
 FLAT_FILES = ("pairs.image", "pairs.mask")
+CHECKSUM_FILE = "pairs.crc32c"  # one CRC-32C per pair, little-endian uint32 (see above)
+CHECKSUM_DTYPE = np.dtype("<u4")
+_CHECKED = True  # False only in benchmarks/studies/cache_checksum_cost.py (its "off" pass)
 # A building entry's files are flushed to disk in the background every this many bytes
 # written (see Flusher), when the entry is too large to leave to the page cache until
 # it is published: above this share of the memory the process may use (the kernel's
@@ -51,6 +65,36 @@ UNFLUSHED_MAX_BYTES = 2 * 2**30
 def flat_sizes(records: int, shape: tuple[int, int, int]) -> tuple[int, int]:
     height, width, channels = shape
     return records * height * width * channels, records * height * width
+
+
+class CacheDamagedError(TfshardsError):
+    """A disk cache entry's pair no longer holds the bytes written when it was built."""
+
+
+def pair_checksums(indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Each pair's CRC-32C (``CHECKSUM_DTYPE``): of its record index as 8 little-endian
+    bytes, then its image's bytes, then its mask's, so a pair read from another index
+    fails as a changed byte does. Computed where the pixels lie (no copy), through
+    google-crc32c's C function where it is found (tfrecord.crc32c_at)."""
+    keys = np.ascontiguousarray(indices, "<u8")
+    images, masks = np.ascontiguousarray(images), np.ascontiguousarray(masks)
+    out = np.empty(len(keys), CHECKSUM_DTYPE)
+    if not len(keys):
+        return out
+    extend = crc32c_at()
+    if extend is None:  # the pure-Python CRC, slow anyway: copies do not matter
+        for k in range(len(keys)):
+            crc = google_crc32c.value(keys[k].tobytes())
+            crc = google_crc32c.extend(crc, images[k].tobytes())
+            out[k] = google_crc32c.extend(crc, masks[k].tobytes())
+        return out
+    image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
+    key_at, image_at, mask_at = keys.ctypes.data, images.ctypes.data, masks.ctypes.data
+    for k in range(len(keys)):  # by address: no array indexing per pair
+        crc = extend(0, key_at + 8 * k, 8)
+        crc = extend(crc, image_at + image_bytes * k, image_bytes)
+        out[k] = extend(crc, mask_at + mask_bytes * k, mask_bytes)
+    return out
 
 
 class PairStore:
@@ -74,9 +118,12 @@ class PairStore:
         self._folder: Path | None = None
         self._files: list[int] | None = None  # the building files' descriptors (disk)
         self._published: list[int] | None = None  # the ready files' descriptors (disk)
+        self._checksums: np.ndarray | None = None  # each pair's CRC (disk): checked on read
+        self._discarded = False  # the damaged entry was removed (see _discard)
         self.ready = False
         self._ask_ahead = cache is not None and outgrows_page_cache(sum(flat_sizes(records, shape)))
         if cache is not None and flat_ready(cache.ready, records, shape):
+            self._checksums = _checksums_of(cache.ready, records)
             self._published = _opened_for_reading(cache.ready)
             self.ready = True
 
@@ -100,11 +147,62 @@ class PairStore:
             size = rows[0].nbytes
             for position in order:
                 _read_row(fd, rows[position], int(indices[position]) * size, name)
+        if _CHECKED:
+            self._check(indices, *out)
         return out
+
+    def _check(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
+        """Raise CacheDamagedError (and remove the entry) unless every pair read holds the
+        bytes it was written with, at its index."""
+        wrong = np.flatnonzero(pair_checksums(indices, images, masks) != self._checksums[indices])
+        if not len(wrong):
+            return
+        removed = self._discard()
+        others = f" and {len(wrong) - 1} more of its batch" if len(wrong) > 1 else ""
+        then = (
+            "the entry was removed, and the next read builds it again"
+            if removed
+            else "it could not be removed: run `tfshards cache clear` on the dataset"
+        )
+        raise CacheDamagedError(
+            f"disk cache {self.cache.folder}: pair {int(indices[wrong[0]])}{others} does "
+            f"not match its checksum in {CHECKSUM_FILE}: bytes of {FLAT_FILES[0]} or "
+            f"{FLAT_FILES[1]} changed on disk after the entry was built; {then}"
+        )
+
+    def _discard(self) -> bool:
+        """Remove the ready entry this store reads, so no read names it again (its files
+        stay readable here while open); False when it cannot be. An entry another process
+        built since then in its place is left alone."""
+        with self._lock:
+            if self._discarded:
+                return True
+            wait_for_publishing(self.cache.folder)  # the entry this store built is ready
+            ready = self.cache.ready
+            try:
+                ours = os.path.samestat(
+                    os.stat(ready / FLAT_FILES[0]), os.fstat(self._published[0])
+                )
+            except OSError:  # gone already
+                ours = False
+            if ours:
+                doomed = self.cache.new_building_folder()  # a crash leaves it abandoned
+                try:
+                    os.rename(ready, doomed)
+                except OSError as exc:
+                    log.warning("cannot remove the damaged disk cache %s: %s", ready, exc)
+                    return False
+                shutil.rmtree(doomed, ignore_errors=True)
+                log.warning("removed the damaged disk cache %s", ready)
+            self._discarded = True
+            return True
 
     def write(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
         """Keep decoded pairs; publish (disk) or mark ready (RAM) once all are kept."""
         masks = masks.reshape(len(indices), *self.shape[:2], 1)
+        checksums = None
+        if self.cache is not None and not self.ready:  # taken outside the lock
+            checksums = pair_checksums(indices, images, masks)
         with self._lock:
             if self.ready or self._closed:
                 return
@@ -119,6 +217,7 @@ class PairStore:
                     for index, one in zip(indices, pixels, strict=True):
                         os.pwrite(fd, one.data, int(index) * size)
                 self._flusher.wrote(images.nbytes + masks.nbytes)
+                self._checksums[indices] = checksums
             self._written[indices] = True
             if self._written.all():
                 self._finish()
@@ -133,6 +232,7 @@ class PairStore:
             return
         self._folder = self.cache.new_building_folder()
         self._folder.mkdir(parents=True)
+        self._checksums = np.zeros(self.records, CHECKSUM_DTYPE)  # written at _finish
         sizes = flat_sizes(self.records, self.shape)
         self._files = []
         for name, size in zip(FLAT_FILES, sizes, strict=True):
@@ -147,7 +247,8 @@ class PairStore:
             return
         if self.unchanged is not None:
             self.unchanged()  # raises: the build never publishes a mix of two datasets
-        folder, files, flusher = self._folder, self._files, self._flusher
+        folder, flusher = self._folder, self._flusher
+        files = [*self._files, _written_whole(folder / CHECKSUM_FILE, self._checksums)]
         self._folder = self._files = self._flusher = None  # the publisher's from here
         self._published = _opened_for_reading(folder)  # read on from the page cache
         self._written = None
@@ -284,6 +385,27 @@ class Flusher:
                     return
 
 
+def _written_whole(path: Path, checksums: np.ndarray) -> int:
+    """A new file holding ``checksums``' bytes; its descriptor, for the publisher's fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    view = memoryview(checksums).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return fd
+
+
+def _checksums_of(folder: Path, records: int) -> np.ndarray:
+    """A ready entry's checksums (its size was checked by flat_ready)."""
+    checksums = np.fromfile(folder / CHECKSUM_FILE, CHECKSUM_DTYPE)
+    if len(checksums) != records:  # changed since flat_ready looked
+        raise CacheDamagedError(
+            f"disk cache file {folder / CHECKSUM_FILE} holds {len(checksums)} checksums, not "
+            f"one per pair ({records}); run `tfshards cache clear` on the dataset and read again"
+        )
+    return checksums
+
+
 def _opened_for_reading(folder: Path) -> list[int]:
     """The ready files, opened for reads of single pairs (no read-ahead past them)."""
     descriptors = []
@@ -319,8 +441,10 @@ def _read_row(fd: int, row: np.ndarray, offset: int, name: str) -> None:
 
 
 def flat_ready(folder: Path, records: int, shape: tuple[int, int, int]) -> bool:
-    sizes = flat_sizes(records, shape)
+    """Whether ``folder`` holds every file of an entry at its size (checksums included)."""
+    names = (*FLAT_FILES, CHECKSUM_FILE)
+    sizes = (*flat_sizes(records, shape), records * CHECKSUM_DTYPE.itemsize)
     return all(
         (folder / name).is_file() and (folder / name).stat().st_size == size
-        for name, size in zip(FLAT_FILES, sizes, strict=True)
+        for name, size in zip(names, sizes, strict=True)
     )
