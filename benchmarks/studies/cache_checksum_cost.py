@@ -1,0 +1,147 @@
+"""The disk cache's checksum per pair: its CPU on a warm (cached) epoch, checks on and off.
+
+A one-off study, kept for the decision it backs (not a benchmark to rerun):
+Decision: every pair read from a disk cache entry is checked against the CRC-32C taken
+when it was written (readers/cache/store.py ``pair_checksums``), on every warm epoch, with
+no option to turn it off; issue 43 allowed it at most 10% of the warm epoch's CPU.
+Run: 2026-12-07. Recorded result: RECORDED
+Raw output: benchmarks/studies/results/cache_checksum_cost.md
+
+    python benchmarks/studies/cache_checksum_cost.py [--count 2000] [--sizes 256,512]
+        [--passes 7] [--dtypes uint8,float32]
+
+Per size: ``tfshards.synth`` pairs (RGB, 4 classes; ``--count`` at 256x256, as many bytes
+at other sizes), converted raw, read ordered (shuffled, batches of 32) with a disk cache:
+one epoch builds it, one more warms it up, then ``--passes`` rounds of two warm epochs,
+checks on and off (the store's private switch ``_CHECKED``), alternating which goes
+first. Each epoch is timed to its last batch: CPU ms per pair of the whole process
+(``time.process_time``; user and system from ``resource.getrusage``) and pairs/s.
+Prints medians with their spread ((max - min) / median), the on/off ratio of CPU per
+pair, and the check alone (``pair_checksums`` over a batch already in memory, CPU ms per
+pair) as a share of the checked epoch's CPU. Compare ratios of one run only: the machine
+this ran on is shared (2 cores, other jobs running).
+Takes: about 2 minutes at the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+BATCH = 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=2000, help="pairs at 256x256 (2000)")
+    parser.add_argument("--sizes", default="256,512", help="image sides (default 256,512)")
+    parser.add_argument("--passes", type=int, default=7, help="rounds of on and off (7)")
+    parser.add_argument("--dtypes", default="uint8,float32", help="image dtypes read")
+    args = parser.parse_args()
+    print("| size | pairs | dtype | checks | CPU ms/pair | spread | user | sys | pairs/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    summary = []
+    with tempfile.TemporaryDirectory(prefix="checksum-cost-") as scratch:
+        for side in (int(s) for s in args.sizes.split(",")):
+            count = max(BATCH, args.count * 256**2 // side**2)
+            shards = dataset(Path(scratch) / f"{side}", count, side)
+            alone = check_alone(side)
+            for dtype in args.dtypes.split(","):
+                times = warm_epochs(shards, Path(scratch) / f"cache-{side}", dtype, args.passes)
+                on, off = (statistics.median(times[c]["cpu"]) for c in (True, False))
+                summary.append((side, dtype, on / off, alone, alone / on))
+    print()
+    print("| size | dtype | CPU on/off | check alone, ms/pair | its share of the on epoch |")
+    print("|---|---|---|---|---|")
+    for side, dtype, ratio, alone, share in summary:
+        print(f"| {side}x{side} | {dtype} | {ratio:.3f} | {alone:.4f} | {share:.1%} |")
+
+
+def dataset(root: Path, count: int, side: int) -> Path:
+    import tfshards
+
+    images, masks = tfshards.synth(root / "data", count=count, size=side, classes=4)
+    tfshards.convert(
+        images, masks, root / "shards", encoding="raw", val_fraction=0.0, workers=1,
+        progress=False,
+    )  # fmt: skip
+    return root / "shards"
+
+
+def warm_epochs(shards: Path, cache: Path, dtype: str, passes: int) -> dict:
+    import tfshards
+    from tfshards.readers.cache import store
+
+    ds = tfshards.read(shards, batch_size=BATCH, image_dtype=dtype, seed=0, cache=cache)
+    epoch(ds)  # builds the cache (or reads one a previous dtype built)
+    tfshards.list_caches(cache)  # waits for its publishing
+    epoch(ds)  # warm-up
+    names = ("cpu", "user", "sys", "rate", "pairs")
+    times = {checked: {name: [] for name in names} for checked in (True, False)}
+    try:
+        for round_ in range(passes):
+            for checked in (True, False) if round_ % 2 == 0 else (False, True):
+                store._CHECKED = checked
+                for name, value in epoch(ds).items():
+                    times[checked][name].append(value)
+    finally:
+        store._CHECKED = True
+    side = ds.element_spec[0].shape[1]
+    for checked, runs in times.items():
+        cpu = statistics.median(runs["cpu"])
+        spread = (max(runs["cpu"]) - min(runs["cpu"])) / cpu
+        print(
+            f"| {side}x{side} | {runs['pairs'][0]} | {dtype} | {'on' if checked else 'off'} "
+            f"| {cpu:.4f} | {spread:.2f} | {statistics.median(runs['user']):.4f} "
+            f"| {statistics.median(runs['sys']):.4f} | {statistics.median(runs['rate']):.0f} |",
+            flush=True,
+        )
+    return times
+
+
+def epoch(ds) -> dict:
+    """One epoch, to its last batch: CPU, user and system ms per pair, and pairs/s."""
+    usage, cpu = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
+    started, pairs = time.perf_counter(), 0
+    for images, _ in ds:
+        pairs += int(images.shape[0])
+    wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "cpu": 1000 * cpu / pairs,
+        "user": 1000 * (after.ru_utime - usage.ru_utime) / pairs,
+        "sys": 1000 * (after.ru_stime - usage.ru_stime) / pairs,
+        "rate": pairs / wall,
+        "pairs": pairs,
+    }
+
+
+def check_alone(side: int, batches: int = 50) -> float:
+    """CPU ms per pair of pair_checksums over a batch in memory (median of 5)."""
+    import numpy as np
+
+    from tfshards.readers.cache.store import pair_checksums
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (BATCH, side, side, 3), dtype=np.uint8)
+    masks = rng.integers(0, 4, (BATCH, side, side, 1), dtype=np.uint8)
+    indices = rng.permutation(10 * BATCH)[:BATCH]
+    runs = []
+    for _ in range(5):
+        started = time.process_time()
+        for _ in range(batches):
+            pair_checksums(indices, images, masks)
+        runs.append(1000 * (time.process_time() - started) / (batches * BATCH))
+    return statistics.median(runs)
+
+
+if __name__ == "__main__":
+    main()
