@@ -3,7 +3,9 @@
 A one-off study, kept for the decision it backs (not a benchmark to rerun):
 Decision: every pair read from a disk cache entry is checked against the CRC-32C taken
 when it was written (readers/cache/store.py ``pair_checksums``), on every warm epoch, with
-no option to turn it off; issue 43 allowed it at most 10% of the warm epoch's CPU.
+no option to turn it off; issue 43 allowed it at most 10% of the warm epoch's CPU. The CRC
+is zlib's CRC-32 by ISA-L, not google-crc32c's CRC-32C, which ran at less than half its
+speed here (both printed below).
 Run: 2026-12-07. Recorded result: RECORDED
 Raw output: benchmarks/studies/results/cache_checksum_cost.md
 
@@ -18,7 +20,8 @@ first. Each epoch is timed to its last batch: CPU ms per pair of the whole proce
 (``time.process_time``; user and system from ``resource.getrusage``) and pairs/s.
 Prints medians with their spread ((max - min) / median), the on/off ratio of CPU per
 pair, and the check alone (``pair_checksums`` over a batch already in memory, CPU ms per
-pair) as a share of the checked epoch's CPU. Compare ratios of one run only: the machine
+pair) as a share of the checked epoch's CPU; then CRC-32 (ISA-L) and CRC-32C
+(google-crc32c) in GB/s over the same batch. Compare ratios of one run only: the machine
 this ran on is shared (2 cores, other jobs running).
 Takes: about 2 minutes at the defaults.
 """
@@ -47,12 +50,13 @@ def main() -> None:
     args = parser.parse_args()
     print("| size | pairs | dtype | checks | CPU ms/pair | spread | user | sys | pairs/s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    summary = []
+    summary, speeds = [], {}
     with tempfile.TemporaryDirectory(prefix="checksum-cost-") as scratch:
         for side in (int(s) for s in args.sizes.split(",")):
             count = max(BATCH, args.count * 256**2 // side**2)
             shards = dataset(Path(scratch) / f"{side}", count, side)
             alone = check_alone(side)
+            speeds[side] = crc_speeds(side)
             for dtype in args.dtypes.split(","):
                 times = warm_epochs(shards, Path(scratch) / f"cache-{side}", dtype, args.passes)
                 on, off = (statistics.median(times[c]["cpu"]) for c in (True, False))
@@ -62,6 +66,11 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for side, dtype, ratio, alone, share in summary:
         print(f"| {side}x{side} | {dtype} | {ratio:.3f} | {alone:.4f} | {share:.1%} |")
+    print()
+    print("| size | CRC-32 (ISA-L) GB/s | CRC-32C (google-crc32c) GB/s |")
+    print("|---|---|---|")
+    for side, (crc32, crc32c) in speeds.items():
+        print(f"| {side}x{side} | {crc32:.1f} | {crc32c:.1f} |")
 
 
 def dataset(root: Path, count: int, side: int) -> Path:
@@ -141,6 +150,28 @@ def check_alone(side: int, batches: int = 50) -> float:
             pair_checksums(indices, images, masks)
         runs.append(1000 * (time.process_time() - started) / (batches * BATCH))
     return statistics.median(runs)
+
+
+def crc_speeds(side: int, batches: int = 50) -> tuple[float, float]:
+    """GB/s of the two CRCs over a batch of pairs in memory (best of 5, CPU time)."""
+    import numpy as np
+
+    from tfshards.readers.cache.store import _crc32_at
+    from tfshards.schemas.tfrecord import crc32c_at
+
+    pairs = np.random.default_rng(0).integers(0, 256, (BATCH, side * side * 4), dtype=np.uint8)
+    size, at = pairs[0].nbytes, pairs.ctypes.data
+    speeds = []
+    for extend in (_crc32_at(), crc32c_at()):
+        best = float("inf")
+        for _ in range(5):
+            started = time.process_time()
+            for _ in range(batches):
+                for k in range(BATCH):
+                    extend(0, at + k * size, size)
+            best = min(best, time.process_time() - started)
+        speeds.append(batches * pairs.nbytes / best / 1e9)
+    return speeds[0], speeds[1]
 
 
 if __name__ == "__main__":
