@@ -22,7 +22,7 @@ take it in. The first rename wins; a crash, before or after, leaves either a bui
 folder nobody reads or a whole entry (see entry.py).
 
 Checked: ``pairs.crc32`` holds each pair's CRC-32 ([records] little-endian uint32) of
-its record index (8 bytes, little-endian), its image's bytes and its mask's, taken
+its image's bytes and its mask's, started from its record index, taken
 when the pair is written and checked each time it is read, so a changed byte or two
 pairs swapped on disk stop the read (:class:`CacheDamagedError`) instead of reaching
 training; the entry is then removed, and the next read builds it again. A file of
@@ -73,38 +73,40 @@ class CacheDamagedError(TfshardsError):
 
 
 def pair_checksums(indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
-    """Each pair's CRC-32 (zlib's; ``CHECKSUM_DTYPE``): of its record index as 8
-    little-endian bytes, then its image's bytes, then its mask's, so a pair read from
-    another index fails as a changed byte does. Computed where the pixels lie (no copy)."""
-    keys = np.ascontiguousarray(indices, "<u8")
+    """Each pair's CRC-32 (zlib's; ``CHECKSUM_DTYPE``) of its image's bytes then its
+    mask's, started from its record index (``zlib.crc32(mask, zlib.crc32(image, index))``,
+    the index's low 32 bits), so a pair read from another index fails as a changed byte
+    does. Computed where the pixels lie (no copy), two calls per pair."""
     images, masks = np.ascontiguousarray(images), np.ascontiguousarray(masks)
-    out = np.empty(len(keys), CHECKSUM_DTYPE)
+    starts = np.asarray(indices).astype(np.uint32).tolist()  # the low 32 bits
+    out = np.empty(len(starts), CHECKSUM_DTYPE)
     extend = _crc32_at()
     if extend is None:  # zlib's: the same values, at a tenth of ISA-L's speed
-        for k in range(len(keys)):
-            out[k] = zlib.crc32(masks[k], zlib.crc32(images[k], zlib.crc32(keys[k : k + 1])))
+        for k, start in enumerate(starts):
+            out[k] = zlib.crc32(masks[k], zlib.crc32(images[k], start))
         return out
-    if not len(keys):
+    if not starts:
         return out
     image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
-    key_at, image_at, mask_at = keys.ctypes.data, images.ctypes.data, masks.ctypes.data
-    for k in range(len(keys)):  # by address: no array indexing per pair
-        crc = extend(0, key_at + 8 * k, 8)
-        crc = extend(crc, image_at + image_bytes * k, image_bytes)
+    image_at, mask_at = images.ctypes.data, masks.ctypes.data
+    for k, start in enumerate(starts):  # by address: no array indexing per pair
+        crc = extend(start, image_at + image_bytes * k, image_bytes)
         out[k] = extend(crc, mask_at + mask_bytes * k, mask_bytes)
     return out
 
 
 @functools.cache
 def _crc32_at() -> Callable[[int, int, int], int] | None:
-    """ISA-L's ``crc32_gzip_refl(crc, address, size)``, zlib's CRC-32, through ctypes:
-    it reads an array's memory by address and ctypes releases the GIL for the call. Not
-    CRC-32C: ISA-L's CRC-32 ran 2.3x google-crc32c's here, 47 against 20 GB/s
+    """ISA-L's ``crc32_gzip_refl(crc, address, size)``, zlib's CRC-32, through ctypes: it
+    reads an array's memory by address. Called holding the GIL (``PyDLL``): one pair's
+    call is microseconds, and releasing and taking the GIL twice per pair, against the
+    reader's other threads, cost more system CPU than it saved. Not CRC-32C: ISA-L's
+    CRC-32 ran 2.2x google-crc32c's here, 45 against 21 GB/s
     (benchmarks/studies/cache_checksum_cost.py). None where isal is not installed."""
     try:
         from isal import isal_zlib
 
-        extend = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl
+        extend = ctypes.PyDLL(isal_zlib.__file__).crc32_gzip_refl
     except (ImportError, OSError, AttributeError):
         return None
     extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)
