@@ -72,27 +72,24 @@ class CacheDamagedError(TfshardsError):
     """A disk cache entry's pair no longer holds the bytes written when it was built."""
 
 
-def pair_checksums(indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
-    """Each pair's CRC-32 (zlib's; ``CHECKSUM_DTYPE``) of its image's bytes then its
-    mask's, started from its record index (``zlib.crc32(mask, zlib.crc32(image, index))``,
-    the index's low 32 bits), so a pair read from another index fails as a changed byte
-    does. Computed where the pixels lie (no copy), two calls per pair."""
-    images, masks = np.ascontiguousarray(images), np.ascontiguousarray(masks)
-    starts = np.asarray(indices).astype(np.uint32).tolist()  # the low 32 bits
-    out = np.empty(len(starts), CHECKSUM_DTYPE)
-    extend = _crc32_at()
+def pair_checksum(index: int, image: np.ndarray, mask: np.ndarray) -> int:
+    """A pair's CRC-32 (zlib's) of its image's bytes then its mask's (contiguous arrays),
+    started from its record index (the low 32 bits): ``zlib.crc32(mask, zlib.crc32(image,
+    index))``, so a pair read from another index fails as a changed byte does. Computed
+    where the pixels lie, no copy."""
+    start, extend = index & 0xFFFFFFFF, _crc32_at()
     if extend is None:  # zlib's: the same values, at a tenth of ISA-L's speed
-        for k, start in enumerate(starts):
-            out[k] = zlib.crc32(masks[k], zlib.crc32(images[k], start))
-        return out
-    if not starts:
-        return out
-    image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
-    image_at, mask_at = images.ctypes.data, masks.ctypes.data
-    for k, start in enumerate(starts):  # by address: no array indexing per pair
-        crc = extend(start, image_at + image_bytes * k, image_bytes)
-        out[k] = extend(crc, mask_at + mask_bytes * k, mask_bytes)
-    return out
+        return zlib.crc32(mask, zlib.crc32(image, start))
+    return extend(extend(start, image.ctypes.data, image.nbytes), mask.ctypes.data, mask.nbytes)
+
+
+def pair_checksums(indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """:func:`pair_checksum` of each pair of a batch, as ``CHECKSUM_DTYPE``."""
+    images, masks = np.ascontiguousarray(images), np.ascontiguousarray(masks)
+    pairs = zip(indices, images, masks, strict=True)
+    return np.array(
+        [pair_checksum(int(i), image, mask) for i, image, mask in pairs], CHECKSUM_DTYPE
+    )
 
 
 @functools.cache
@@ -160,20 +157,23 @@ class PairStore:
         if self._ask_ahead:
             for fd, rows in zip(self._published, out, strict=True):
                 _ask_for_rows(fd, indices[order], rows[0].nbytes)
-        for fd, name, rows in zip(self._published, FLAT_FILES, out, strict=True):
-            size = rows[0].nbytes
-            for position in order:
-                _read_row(fd, rows[position], int(indices[position]) * size, name)
-        if _CHECKED:
-            self._check(indices, *out)
+        (images_fd, masks_fd), (images, masks) = self._published, out
+        image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
+        wrong = []
+        for position in order:  # each pair checked as soon as it is read, from the CPU's
+            index = int(indices[position])  # cache (after the batch: from memory, 3x the CPU)
+            image, mask = images[position], masks[position]
+            _read_row(images_fd, image, index * image_bytes, FLAT_FILES[0])
+            _read_row(masks_fd, mask, index * mask_bytes, FLAT_FILES[1])
+            if _CHECKED and pair_checksum(index, image, mask) != self._checksums[index]:
+                wrong.append(index)
+        if wrong:
+            self._damaged(wrong)
         return out
 
-    def _check(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
-        """Raise CacheDamagedError (and remove the entry) unless every pair read holds the
-        bytes it was written with, at its index."""
-        wrong = np.flatnonzero(pair_checksums(indices, images, masks) != self._checksums[indices])
-        if not len(wrong):
-            return
+    def _damaged(self, wrong: list[int]) -> None:
+        """Remove the entry and raise CacheDamagedError naming the pairs ``wrong`` (record
+        indices, ascending) that do not hold the bytes they were written with."""
         removed = self._discard()
         others = f" and {len(wrong) - 1} more of its batch" if len(wrong) > 1 else ""
         then = (
@@ -182,7 +182,7 @@ class PairStore:
             else "it could not be removed: run `tfshards cache clear` on the dataset"
         )
         raise CacheDamagedError(
-            f"disk cache {self.cache.folder}: pair {int(indices[wrong[0]])}{others} does "
+            f"disk cache {self.cache.folder}: pair {wrong[0]}{others} does "
             f"not match its checksum in {CHECKSUM_FILE}: bytes of {FLAT_FILES[0]} or "
             f"{FLAT_FILES[1]} changed on disk after the entry was built; {then}"
         )
