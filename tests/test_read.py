@@ -596,7 +596,9 @@ def _swap(path: Path, size: int, one: int, other: int) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["image byte", "mask of 200", "two pairs swapped"])
+@pytest.mark.parametrize(
+    "damage", ["image byte", "mask of 200", "two pairs swapped", "checksum byte"]
+)
 def test_a_changed_cache_byte_stops_the_read_and_the_next_read_rebuilds(
     four_classes, tmp_path, damage
 ):
@@ -612,6 +614,9 @@ def test_a_changed_cache_byte_stops_the_read_and_the_next_read_rebuilds(
     elif damage == "mask of 200":
         _edit(ready / "pairs.mask", 5 * mask_bytes + 7, bytes([200]))
         message = r"pair 5 does not match its checksum"
+    elif damage == "checksum byte":
+        _flip(ready / "pairs.crc32", 4 * 3 + 1)
+        message = r"pair 3 does not match its checksum"
     else:  # pairs 1 and 2, image and mask: every byte is a pair's, at another index
         _swap(ready / "pairs.image", image_bytes, 1, 2)
         _swap(ready / "pairs.mask", mask_bytes, 1, 2)
