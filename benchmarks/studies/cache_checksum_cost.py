@@ -18,10 +18,12 @@ one epoch builds it, one more warms it up, then ``--passes`` rounds of two warm 
 checks on and off (the store's private switch ``_CHECKED``), alternating which goes
 first. Each epoch is timed to its last batch: CPU ms per pair of the whole process
 (``time.process_time``; user and system from ``resource.getrusage``) and pairs/s.
-Prints medians with their spread ((max - min) / median), the on/off ratio of CPU per
-pair, and the check alone (``pair_checksums`` over a batch already in memory, CPU ms per
-pair) as a share of the checked epoch's CPU; then CRC-32 (ISA-L) and CRC-32C
-(google-crc32c) in GB/s over the same batch. Compare ratios of one run only: the machine
+Prints medians with their spread ((max - min) / median) and the on/off ratio of CPU per
+pair (of the medians, and of the minimums: the passes least disturbed by other jobs).
+Then the check's own cost: the ready store's ``read`` alone (one thread, no TensorFlow),
+an epoch of batches per pass, on and off alternating, its CPU ms per pair on minus off,
+and that as a share of the checked epoch's CPU; last, CRC-32 (ISA-L) and CRC-32C
+(google-crc32c) in GB/s over a batch of pairs in memory. Compare ratios of one run only: the machine
 this ran on is shared (2 cores, other jobs running).
 Takes: about 2 minutes at the defaults.
 """
@@ -55,17 +57,27 @@ def main() -> None:
         for side in (int(s) for s in args.sizes.split(",")):
             count = max(BATCH, args.count * 256**2 // side**2)
             shards = dataset(Path(scratch) / f"{side}", count, side)
-            alone = check_alone(side)
             speeds[side] = crc_speeds(side)
-            for dtype in args.dtypes.split(","):
-                times = warm_epochs(shards, Path(scratch) / f"cache-{side}", dtype, args.passes)
+            cache = Path(scratch) / f"cache-{side}"
+            epochs = {d: warm_epochs(shards, cache, d, args.passes) for d in args.dtypes.split(",")}
+            reads = store_reads(shards, cache, args.passes)
+            check = statistics.median(reads[True]) - statistics.median(reads[False])
+            print(
+                f"store.read alone, {side}x{side}: on {statistics.median(reads[True]):.4f}, off "
+                f"{statistics.median(reads[False]):.4f} CPU ms/pair (min {min(reads[True]):.4f}, "
+                f"{min(reads[False]):.4f}): the check {check:.4f}",
+                flush=True,
+            )
+            for dtype, times in epochs.items():
                 on, off = (statistics.median(times[c]["cpu"]) for c in (True, False))
-                summary.append((side, dtype, on / off, alone, alone / on))
+                low = min(times[True]["cpu"]) / min(times[False]["cpu"])
+                summary.append((side, dtype, on / off, low, check, check / on))
     print()
-    print("| size | dtype | CPU on/off | check alone, ms/pair | its share of the on epoch |")
-    print("|---|---|---|---|---|")
-    for side, dtype, ratio, alone, share in summary:
-        print(f"| {side}x{side} | {dtype} | {ratio:.3f} | {alone:.4f} | {share:.1%} |")
+    print("| size | dtype | epoch CPU on/off (medians) | (minimums) | the check, ms/pair "
+          "| its share of the checked epoch |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for side, dtype, ratio, low, check, share in summary:
+        print(f"| {side}x{side} | {dtype} | {ratio:.3f} | {low:.3f} | {check:.4f} | {share:.1%} |")
     print()
     print("| size | CRC-32 (ISA-L) GB/s | CRC-32C (google-crc32c) GB/s |")
     print("|---|---|---|")
@@ -133,23 +145,31 @@ def epoch(ds) -> dict:
     }
 
 
-def check_alone(side: int, batches: int = 50) -> float:
-    """CPU ms per pair of pair_checksums over a batch in memory (median of 5)."""
+def store_reads(shards: Path, cache: Path, passes: int) -> dict[bool, list[float]]:
+    """CPU ms per pair of the ready store's ``read`` alone (one thread, no TensorFlow),
+    an epoch's batches per pass, checks on and off alternating: the check's own cost."""
     import numpy as np
 
-    from tfshards.readers.cache.store import pair_checksums
+    import tfshards
+    from tfshards.readers.cache import store
 
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (BATCH, side, side, 3), dtype=np.uint8)
-    masks = rng.integers(0, 4, (BATCH, side, side, 1), dtype=np.uint8)
-    indices = rng.permutation(10 * BATCH)[:BATCH]
-    runs = []
-    for _ in range(5):
-        started = time.process_time()
-        for _ in range(batches):
-            pair_checksums(indices, images, masks)
-        runs.append(1000 * (time.process_time() - started) / (batches * BATCH))
-    return statistics.median(runs)
+    ds = tfshards.read(shards, batch_size=BATCH, image_dtype="uint8", seed=0, cache=cache)
+    pairs = ds._tfshards_reader.store
+    assert pairs.ready, "the cache was built by warm_epochs"
+    order = np.random.default_rng(0).permutation(pairs.records)
+    batches = [order[start : start + BATCH] for start in range(0, len(order), BATCH)]
+    times = {True: [], False: []}
+    try:
+        for round_ in range(passes):
+            for checked in (True, False) if round_ % 2 == 0 else (False, True):
+                store._CHECKED = checked
+                started = time.process_time()
+                for batch in batches:
+                    pairs.read(batch)
+                times[checked].append(1000 * (time.process_time() - started) / len(order))
+    finally:
+        store._CHECKED = True
+    return times
 
 
 def crc_speeds(side: int, batches: int = 50) -> tuple[float, float]:
