@@ -103,15 +103,15 @@ def checksum_of(images: np.ndarray, masks: np.ndarray) -> Callable[[int, int], i
 @functools.cache
 def _crc32_at() -> Callable[[int, int, int], int] | None:
     """ISA-L's ``crc32_gzip_refl(crc, address, size)``, zlib's CRC-32, through ctypes: it
-    reads an array's memory by address. Called holding the GIL (``PyDLL``): one pair's
-    call is microseconds, and releasing and taking the GIL twice per pair, against the
-    reader's other threads, cost more system CPU than it saved. Not CRC-32C: ISA-L's
-    CRC-32 ran 2.2x google-crc32c's here, 45 against 21 GB/s
-    (benchmarks/studies/cache_checksum_cost.py). None where isal is not installed."""
+    reads an array's memory by address, and ctypes releases the GIL for the call (held
+    instead, through ``PyDLL``, the reader's warm epochs took more CPU: the fetches of
+    other batches wait for it). Not CRC-32C: ISA-L's CRC-32 ran 2x google-crc32c's here,
+    49 against 25 GB/s (benchmarks/studies/cache_checksum_cost.py). None where isal is
+    not installed."""
     try:
         from isal import isal_zlib
 
-        extend = ctypes.PyDLL(isal_zlib.__file__).crc32_gzip_refl
+        extend = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl
     except (ImportError, OSError, AttributeError):
         return None
     extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)
