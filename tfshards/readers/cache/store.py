@@ -106,7 +106,7 @@ def _crc32_at() -> Callable[[int, int, int], int] | None:
     reads an array's memory by address, and ctypes releases the GIL for the call (held
     instead, through ``PyDLL``, the reader's warm epochs took more CPU: the fetches of
     other batches wait for it). Not CRC-32C: ISA-L's CRC-32 ran 2x google-crc32c's here,
-    49 against 25 GB/s (benchmarks/studies/cache_checksum_cost.py). None where isal is
+    48 against 25 GB/s (benchmarks/studies/cache_checksum_cost.py). None where isal is
     not installed."""
     try:
         from isal import isal_zlib
