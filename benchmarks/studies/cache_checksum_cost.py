@@ -6,8 +6,8 @@ when it was written (readers/cache/store.py ``pair_checksums``), on every warm e
 no option to turn it off; issue 43 allowed it at most 10% of the warm epoch's CPU. The CRC
 is zlib's CRC-32 by ISA-L, not google-crc32c's CRC-32C, which ran at less than half its
 speed here (both printed below).
-Run: 2026-12-07, on a 2-core VM shared with other jobs (spreads 0.2-1.0). Recorded
-result: the check's own CPU (the store's read on minus off) 0.0068 ms per pair at
+Run: 2026-12-07, on a 2-core VM shared with other jobs (spreads 0.2-1.0).
+Recorded result: the check's own CPU (the store's read on minus off) 0.0068 ms per pair at
 256x256 and 0.0194 at 512x512: 6.6% and 5.4% of a checked uint8 warm epoch, 3.8% and
 1.9% of a float32 one. Whole warm epochs, on/off CPU per pair, medians of 11 (of the
 minimums): uint8 1.146 (1.100) at 256x256, 1.051 (1.056) at 512x512; float32 1.038
