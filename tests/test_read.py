@@ -640,6 +640,24 @@ def test_a_cache_damaged_under_an_open_dataset_stops_its_next_epoch(four_classes
     assert not ready.exists()
 
 
+def test_a_damaged_entry_found_late_leaves_the_one_rebuilt_in_its_place(four_classes, tmp_path):
+    cache = tmp_path / "cache"
+    ordered = dict(batch_size=4, image_dtype="uint8", shuffle=False, cache=cache)
+    expected = expected_digests(four_classes, "train")
+    digests(tfshards.read(four_classes, **ordered))  # builds entry A
+    old = tfshards.read(four_classes, **ordered)  # holds A's files open
+    ready, image_bytes, _ = _flat_entry(cache)
+    _flip(ready / "pairs.image", 2 * image_bytes)
+    ready.rename(ready.with_name("moved-away"))  # as another process's read would
+    assert digests(tfshards.read(four_classes, **ordered)) == expected  # builds entry B
+    rebuilt = _flat_entry(cache)[0] / "pairs.image"
+    inode = rebuilt.stat().st_ino
+    with pytest.raises(tf.errors.OpError, match="pair 2 does not match"):
+        digests(old)
+    assert rebuilt.exists() and rebuilt.stat().st_ino == inode, "B is left alone"
+    assert digests(tfshards.read(four_classes, **ordered)) == expected
+
+
 @pytest.mark.parametrize("change", ["truncated", "extended", "missing"])
 def test_a_checksum_file_of_another_size_is_rebuilt_not_trusted(
     four_classes, tmp_path, caplog, change
