@@ -704,6 +704,151 @@ def test_damaged_cache_files_are_rebuilt_not_read(dataset, tmp_path):
     assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
 
 
+@pytest.fixture(scope="module", params=["keep", "raw"])
+def four_classes(request, tmp_path_factory) -> Path:
+    """24 pairs of 4 classes, as PNG (decoded by TensorFlow) or raw (decoded in fetch)."""
+    root = tmp_path_factory.mktemp("four")
+    images, masks = write_pairs(root / "data", 24, size=(8, 10), classes=4)
+    out = root / "shards"
+    convert(images, masks, out, encoding=request.param, num_classes=4, workers=1, progress=False)
+    return out
+
+
+def _flat_entry(cache: Path) -> tuple[Path, int, int]:
+    """The ready folder of the only entry, and its bytes per image and per mask."""
+    (entry,) = tfshards.list_caches(cache)  # waits for the publishing
+    height, width, channels = entry.info.shape
+    return entry.path / "ready", height * width * channels, height * width
+
+
+def _edit(path: Path, at: int, data: bytes) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(at)
+        handle.write(data)
+
+
+def _flip(path: Path, at: int) -> None:
+    _edit(path, at, bytes([path.read_bytes()[at] ^ 0xFF]))
+
+
+def _swap(path: Path, size: int, one: int, other: int) -> None:
+    data = bytearray(path.read_bytes())
+    a, b = slice(one * size, (one + 1) * size), slice(other * size, (other + 1) * size)
+    data[a], data[b] = data[b], data[a]
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage", ["image byte", "mask of 200", "two pairs swapped", "checksum byte"]
+)
+def test_a_changed_cache_byte_stops_the_read_and_the_next_read_rebuilds(
+    four_classes, tmp_path, damage
+):
+    cache = tmp_path / "cache"
+    ordered = dict(batch_size=4, image_dtype="uint8", shuffle=False, cache=cache)
+    expected = expected_digests(four_classes, "train")
+    assert digests(tfshards.read(four_classes, **ordered)) == expected  # builds it
+    assert digests(tfshards.read(four_classes, **ordered)) == expected  # reads it, untouched
+    ready, image_bytes, mask_bytes = _flat_entry(cache)
+    if damage == "image byte":
+        _flip(ready / "pairs.image", 6 * image_bytes + 3)
+        message = r"pair 6 does not match its checksum"
+    elif damage == "mask of 200":
+        _edit(ready / "pairs.mask", 5 * mask_bytes + 7, bytes([200]))
+        message = r"pair 5 does not match its checksum"
+    elif damage == "checksum byte":
+        _flip(ready / "pairs.crc32", 4 * 3 + 1)
+        message = r"pair 3 does not match its checksum"
+    else:  # pairs 1 and 2, image and mask: every byte is a pair's, at another index
+        _swap(ready / "pairs.image", image_bytes, 1, 2)
+        _swap(ready / "pairs.mask", mask_bytes, 1, 2)
+        message = r"pair 1 and 1 more of its batch does not match"
+    with pytest.raises(tf.errors.OpError, match=message + r".*next read builds it again"):
+        digests(tfshards.read(four_classes, **ordered))
+    assert not ready.exists(), "the damaged entry is never named again"
+    assert digests(tfshards.read(four_classes, **ordered)) == expected  # rebuilt
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+    assert digests(tfshards.read(four_classes, **ordered)) == expected  # read, checked
+
+
+def test_a_cache_damaged_under_an_open_dataset_stops_its_next_epoch(four_classes, tmp_path):
+    cache = tmp_path / "cache"
+    ds = tfshards.read(four_classes, batch_size=4, image_dtype="uint8", seed=2, cache=cache)
+    assert sorted(digests(ds)) == sorted(expected_digests(four_classes, "train"))  # builds
+    ready, image_bytes, _ = _flat_entry(cache)
+    _flip(ready / "pairs.image", 23 * image_bytes)  # in the page cache the dataset reads
+    with pytest.raises(tf.errors.OpError, match=f"disk cache {ready.parent}: pair 23 does not"):
+        digests(ds)
+    assert not ready.exists()
+
+
+def test_a_damaged_entry_found_late_leaves_the_one_rebuilt_in_its_place(four_classes, tmp_path):
+    cache = tmp_path / "cache"
+    ordered = dict(batch_size=4, image_dtype="uint8", shuffle=False, cache=cache)
+    expected = expected_digests(four_classes, "train")
+    digests(tfshards.read(four_classes, **ordered))  # builds entry A
+    old = tfshards.read(four_classes, **ordered)  # holds A's files open
+    ready, image_bytes, _ = _flat_entry(cache)
+    _flip(ready / "pairs.image", 2 * image_bytes)
+    ready.rename(ready.with_name("moved-away"))  # as another process's read would
+    assert digests(tfshards.read(four_classes, **ordered)) == expected  # builds entry B
+    rebuilt = _flat_entry(cache)[0] / "pairs.image"
+    inode = rebuilt.stat().st_ino
+    with pytest.raises(tf.errors.OpError, match="pair 2 does not match"):
+        digests(old)
+    assert rebuilt.exists() and rebuilt.stat().st_ino == inode, "B is left alone"
+    assert digests(tfshards.read(four_classes, **ordered)) == expected
+
+
+@pytest.mark.parametrize("change", ["truncated", "extended", "missing"])
+def test_a_checksum_file_of_another_size_is_rebuilt_not_trusted(
+    four_classes, tmp_path, caplog, change
+):
+    cache = tmp_path / "cache"
+    ordered = dict(batch_size=4, image_dtype="uint8", shuffle=False, cache=cache)
+    expected = expected_digests(four_classes, "train")
+    digests(tfshards.read(four_classes, **ordered))
+    ready, _, _ = _flat_entry(cache)
+    checksums = ready / "pairs.crc32"
+    body = checksums.read_bytes()
+    assert len(body) == 4 * len(expected)
+    if change == "missing":
+        checksums.unlink()
+    else:
+        checksums.write_bytes(body[:-1] if change == "truncated" else body + b"\0\0\0\0")
+    with caplog.at_level(logging.WARNING, logger="tfshards"):
+        assert digests(tfshards.read(four_classes, **ordered)) == expected
+    assert "incomplete or damaged cache files; rebuilding them" in caplog.text
+    assert checksums.read_bytes() == body, "rebuilt: the same pairs, the same checksums"
+
+
+@pytest.mark.parametrize("library", ["isal", "zlib"])
+def test_pair_checksums_tell_each_byte_and_index(library, monkeypatch):
+    import zlib
+
+    from tfshards.readers.cache import store
+    from tfshards.readers.cache.store import pair_checksums
+
+    if library == "zlib":  # where isal is not installed: the same values
+        monkeypatch.setattr(store, "_crc32_at", lambda: None)
+    else:
+        assert store._crc32_at() is not None
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (3, 4, 5, 3), dtype=np.uint8)
+    masks = rng.integers(0, 4, (3, 4, 5, 1), dtype=np.uint8)
+    indices = np.array([7, 0, 12])
+    base = pair_checksums(indices, images, masks)
+    for k, index in enumerate(indices):  # the documented layout (docs/reading.md)
+        assert base[k] == zlib.crc32(images[k].tobytes() + masks[k].tobytes(), int(index))
+    swapped = pair_checksums(indices[[1, 0, 2]], images, masks)
+    assert swapped[0] != base[0] and swapped[1] != base[1] and swapped[2] == base[2]
+    flipped = masks.copy()
+    flipped[2, 3, 4, 0] ^= 1
+    changed = pair_checksums(indices, images, flipped)
+    assert list(changed[:2]) == list(base[:2]) and changed[2] != base[2]
+
+
 def test_a_process_started_while_the_cache_is_half_built(many_records, tmp_path):
     dataset = many_records
     cache = tmp_path / "cache"

@@ -36,7 +36,8 @@ from tfshards.sources.folders import user_cache_dir
 
 # 3: fixed-size entries are two flat files read by index (store.py); entries of older
 # formats, including any built by a pass that overlapped `convert --overwrite`, are not read.
-CACHE_FORMAT = 3
+# 4: and a checksum per pair (store.py), so entries built without one are built again.
+CACHE_FORMAT = 4
 INFO_FILE = "info.json"
 READY_DIR = "ready"
 BUILDING_PREFIX = ".building-"

@@ -20,25 +20,40 @@ cache, while a background thread (:class:`Publisher`) fsyncs them and renames th
 folder to ``ready``. The epoch that built the entry so never waits for the disk to
 take it in. The first rename wins; a crash, before or after, leaves either a building
 folder nobody reads or a whole entry (see entry.py).
+
+Checked: ``pairs.crc32`` holds each pair's CRC-32 ([records] little-endian uint32) of
+its image's bytes and its mask's, started from its record index, taken
+when the pair is written and checked each time it is read, so a changed byte or two
+pairs swapped on disk stop the read (:class:`CacheDamagedError`) instead of reaching
+training; the entry is then removed, and the next read builds it again. A file of
+another size makes the entry not ready: it is rebuilt (as a truncated pairs file is).
+The check costs CPU on every warm epoch: benchmarks/studies/cache_checksum_cost.py.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
 import shutil
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from tfshards.readers.cache.entry import DiskCache, publishing
+from tfshards.errors import TfshardsError
+from tfshards.readers.cache.entry import DiskCache, publishing, wait_for_publishing
 from tfshards.readers.memory_limits import outgrows_page_cache, usable_memory
 from tfshards.sources.pixel_batches import aligned_empty
 
 log = logging.getLogger(__name__)  # under "tfshards"; `bench` quiets its INFO lines
 FLAT_FILES = ("pairs.image", "pairs.mask")
+CHECKSUM_FILE = "pairs.crc32"  # one CRC-32 per pair, little-endian uint32 (see above)
+CHECKSUM_DTYPE = np.dtype("<u4")
+_CHECKED = True  # False only in benchmarks/studies/cache_checksum_cost.py (its "off" pass)
 # A building entry's files are flushed to disk in the background every this many bytes
 # written (see Flusher), when the entry is too large to leave to the page cache until
 # it is published: above this share of the memory the process may use (the kernel's
@@ -51,6 +66,57 @@ UNFLUSHED_MAX_BYTES = 2 * 2**30
 def flat_sizes(records: int, shape: tuple[int, int, int]) -> tuple[int, int]:
     height, width, channels = shape
     return records * height * width * channels, records * height * width
+
+
+class CacheDamagedError(TfshardsError):
+    """A disk cache entry's pair no longer holds the bytes written when it was built."""
+
+
+def pair_checksums(indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Each pair's CRC-32 (:func:`checksum_of`) of a batch, as ``CHECKSUM_DTYPE``."""
+    crc = checksum_of(np.ascontiguousarray(images), np.ascontiguousarray(masks))
+    return np.array([crc(k, int(index)) for k, index in enumerate(indices)], CHECKSUM_DTYPE)
+
+
+def checksum_of(images: np.ndarray, masks: np.ndarray) -> Callable[[int, int], int]:
+    """``crc(k, index)``: the CRC-32 (zlib's) of pair ``k`` of a batch (C-contiguous
+    arrays), of its image's bytes then its mask's, started from its record ``index``
+    (the low 32 bits): ``zlib.crc32(mask, zlib.crc32(image, index))``, so a pair read
+    from another index fails as a changed byte does. Computed where the pixels lie, by
+    address: no copy, no array made per pair (``ndarray.ctypes`` costs a microsecond)."""
+    extend = _crc32_at()
+    if extend is None:  # zlib's: the same values, at a tenth of ISA-L's speed
+        return lambda k, index: zlib.crc32(masks[k], zlib.crc32(images[k], index & 0xFFFFFFFF))
+    image_at, mask_at = images.ctypes.data, masks.ctypes.data
+    image_bytes, mask_bytes = (
+        images.nbytes // max(len(images), 1),
+        masks.nbytes // max(len(masks), 1),
+    )
+
+    def crc(k: int, index: int) -> int:
+        image = extend(index & 0xFFFFFFFF, image_at + k * image_bytes, image_bytes)
+        return extend(image, mask_at + k * mask_bytes, mask_bytes)
+
+    return crc
+
+
+@functools.cache
+def _crc32_at() -> Callable[[int, int, int], int] | None:
+    """ISA-L's ``crc32_gzip_refl(crc, address, size)``, zlib's CRC-32, through ctypes: it
+    reads an array's memory by address, and ctypes releases the GIL for the call (held
+    instead, through ``PyDLL``, the reader's warm epochs took more CPU: the fetches of
+    other batches wait for it). Not CRC-32C: ISA-L's CRC-32 ran 2x google-crc32c's here,
+    48 against 25 GB/s (benchmarks/studies/cache_checksum_cost.py). None where isal is
+    not installed."""
+    try:
+        from isal import isal_zlib
+
+        extend = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl
+    except (ImportError, OSError, AttributeError):
+        return None
+    extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)
+    extend.restype = ctypes.c_uint32
+    return extend
 
 
 class PairStore:
@@ -74,9 +140,12 @@ class PairStore:
         self._folder: Path | None = None
         self._files: list[int] | None = None  # the building files' descriptors (disk)
         self._published: list[int] | None = None  # the ready files' descriptors (disk)
+        self._checksums: np.ndarray | None = None  # each pair's CRC (disk): checked on read
+        self._discarded = False  # the damaged entry was removed (see _discard)
         self.ready = False
         self._ask_ahead = cache is not None and outgrows_page_cache(sum(flat_sizes(records, shape)))
         if cache is not None and flat_ready(cache.ready, records, shape):
+            self._checksums = _checksums_of(cache.ready, records)
             self._published = _opened_for_reading(cache.ready)
             self.ready = True
 
@@ -96,15 +165,71 @@ class PairStore:
         if self._ask_ahead:
             for fd, rows in zip(self._published, out, strict=True):
                 _ask_for_rows(fd, indices[order], rows[0].nbytes)
-        for fd, name, rows in zip(self._published, FLAT_FILES, out, strict=True):
-            size = rows[0].nbytes
-            for position in order:
-                _read_row(fd, rows[position], int(indices[position]) * size, name)
+        (images_fd, masks_fd), (images, masks) = self._published, out
+        image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
+        wrong, crc = [], checksum_of(images, masks)
+        # Each pair is checked as soon as it is read, from the CPU's cache; a batch is
+        # larger than that cache, so checked after the batch, it is read from memory again.
+        for position in order.tolist():
+            index = int(indices[position])
+            image, mask = images[position], masks[position]
+            _read_row(images_fd, image, index * image_bytes, FLAT_FILES[0])
+            _read_row(masks_fd, mask, index * mask_bytes, FLAT_FILES[1])
+            if _CHECKED and crc(position, index) != self._checksums[index]:
+                wrong.append(index)
+        if wrong:
+            self._damaged(wrong)
         return out
+
+    def _damaged(self, wrong: list[int]) -> None:
+        """Remove the entry and raise CacheDamagedError naming the pairs ``wrong`` (record
+        indices, ascending) that do not hold the bytes they were written with."""
+        removed = self._discard()
+        others = f" and {len(wrong) - 1} more of its batch" if len(wrong) > 1 else ""
+        then = (
+            "the entry was removed, and the next read builds it again"
+            if removed
+            else "it could not be removed: run `tfshards cache clear` on the dataset"
+        )
+        raise CacheDamagedError(
+            f"disk cache {self.cache.folder}: pair {wrong[0]}{others} does "
+            f"not match its checksum in {CHECKSUM_FILE}: bytes of {FLAT_FILES[0]} or "
+            f"{FLAT_FILES[1]} changed on disk after the entry was built; {then}"
+        )
+
+    def _discard(self) -> bool:
+        """Remove the ready entry this store reads, so no read names it again (its files
+        stay readable here while open); False when it cannot be. An entry another process
+        built since then in its place is left alone."""
+        with self._lock:
+            if self._discarded:
+                return True
+            wait_for_publishing(self.cache.folder)  # the entry this store built is ready
+            ready = self.cache.ready
+            try:
+                ours = os.path.samestat(
+                    os.stat(ready / FLAT_FILES[0]), os.fstat(self._published[0])
+                )
+            except OSError:  # gone already
+                ours = False
+            if ours:
+                doomed = self.cache.new_building_folder()  # a crash leaves it abandoned
+                try:
+                    os.rename(ready, doomed)
+                except OSError as exc:
+                    log.warning("cannot remove the damaged disk cache %s: %s", ready, exc)
+                    return False
+                shutil.rmtree(doomed, ignore_errors=True)
+                log.warning("removed the damaged disk cache %s", ready)
+            self._discarded = True
+            return True
 
     def write(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
         """Keep decoded pairs; publish (disk) or mark ready (RAM) once all are kept."""
         masks = masks.reshape(len(indices), *self.shape[:2], 1)
+        checksums = None
+        if self.cache is not None and not self.ready:  # taken outside the lock
+            checksums = pair_checksums(indices, images, masks)
         with self._lock:
             if self.ready or self._closed:
                 return
@@ -119,6 +244,7 @@ class PairStore:
                     for index, one in zip(indices, pixels, strict=True):
                         os.pwrite(fd, one.data, int(index) * size)
                 self._flusher.wrote(images.nbytes + masks.nbytes)
+                self._checksums[indices] = checksums
             self._written[indices] = True
             if self._written.all():
                 self._finish()
@@ -133,6 +259,7 @@ class PairStore:
             return
         self._folder = self.cache.new_building_folder()
         self._folder.mkdir(parents=True)
+        self._checksums = np.zeros(self.records, CHECKSUM_DTYPE)  # written at _finish
         sizes = flat_sizes(self.records, self.shape)
         self._files = []
         for name, size in zip(FLAT_FILES, sizes, strict=True):
@@ -147,7 +274,8 @@ class PairStore:
             return
         if self.unchanged is not None:
             self.unchanged()  # raises: the build never publishes a mix of two datasets
-        folder, files, flusher = self._folder, self._files, self._flusher
+        folder, flusher = self._folder, self._flusher
+        files = [*self._files, _written_whole(folder / CHECKSUM_FILE, self._checksums)]
         self._folder = self._files = self._flusher = None  # the publisher's from here
         self._published = _opened_for_reading(folder)  # read on from the page cache
         self._written = None
@@ -284,6 +412,27 @@ class Flusher:
                     return
 
 
+def _written_whole(path: Path, checksums: np.ndarray) -> int:
+    """A new file holding ``checksums``' bytes; its descriptor, for the publisher's fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    view = memoryview(checksums).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return fd
+
+
+def _checksums_of(folder: Path, records: int) -> np.ndarray:
+    """A ready entry's checksums (its size was checked by flat_ready)."""
+    checksums = np.fromfile(folder / CHECKSUM_FILE, CHECKSUM_DTYPE)
+    if len(checksums) != records:  # changed since flat_ready looked
+        raise CacheDamagedError(
+            f"disk cache file {folder / CHECKSUM_FILE} holds {len(checksums)} checksums, not "
+            f"one per pair ({records}); run `tfshards cache clear` on the dataset and read again"
+        )
+    return checksums
+
+
 def _opened_for_reading(folder: Path) -> list[int]:
     """The ready files, opened for reads of single pairs (no read-ahead past them)."""
     descriptors = []
@@ -319,8 +468,10 @@ def _read_row(fd: int, row: np.ndarray, offset: int, name: str) -> None:
 
 
 def flat_ready(folder: Path, records: int, shape: tuple[int, int, int]) -> bool:
-    sizes = flat_sizes(records, shape)
+    """Whether ``folder`` holds every file of an entry at its size (checksums included)."""
+    names = (*FLAT_FILES, CHECKSUM_FILE)
+    sizes = (*flat_sizes(records, shape), records * CHECKSUM_DTYPE.itemsize)
     return all(
         (folder / name).is_file() and (folder / name).stat().st_size == size
-        for name, size in zip(FLAT_FILES, sizes, strict=True)
+        for name, size in zip(names, sizes, strict=True)
     )
