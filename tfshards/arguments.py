@@ -45,7 +45,7 @@ def checked_int(
 
 def _written(bound: int) -> str:
     """2**63 rather than 9223372036854775808."""
-    power = bound.bit_length() - 1
+    power = int(bound).bit_length() - 1
     return f"2**{power}" if bound > 2**16 and bound == 2**power else str(bound)
 
 

@@ -93,13 +93,14 @@ def check_service(service: Any) -> None:
     if not isinstance(service, str):
         raise OptionsError(f"service must be a dispatcher address string or None; got {service!r}")
     host, port = service_address(service)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         with socket.create_connection((host, port), timeout=SERVICE_TIMEOUT):
             pass
     except OSError as exc:
         cause = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
         raise OptionsError(
-            f"service={service!r}: no tf.data service dispatcher answers at {host}:{port} "
+            f"service={service!r}: no tf.data service dispatcher answers at {where} "
             f"({cause}, within {SERVICE_TIMEOUT:g} s); start a "
             "tf.data.experimental.service.DispatchServer there, or pass its address "
             "(dispatcher.target)"
