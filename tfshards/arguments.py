@@ -37,9 +37,9 @@ def checked_int(
         expected = "an integer"
     if not is_int(value):
         what = f"{expected}{' or None' if none else ''}"
-        raise OptionsError(f"{name} must be {what}; got {value!r} ({type(value).__name__})")
+        raise OptionsError(f"{name} must be {what}, got {value!r}")
     if (low is not None and value < low) or (high is not None and value >= high):
-        raise OptionsError(f"{name} must be {expected}; got {value!r}")
+        raise OptionsError(f"{name} must be {expected}, got {value!r}")
     return int(value)
 
 
@@ -68,7 +68,7 @@ def checked_bool(name: str, value: Any, *, none: bool = False) -> bool | None:
         return None
     if not isinstance(value, bool | np.bool_):
         what = "True, False or None" if none else "True or False"
-        raise OptionsError(f"{name} must be {what}; got {value!r} ({type(value).__name__})")
+        raise OptionsError(f"{name} must be {what}, got {value!r}")
     return bool(value)
 
 

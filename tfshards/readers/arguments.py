@@ -17,6 +17,7 @@ from tfshards.arguments import (
     checked_int,
     checked_path,
     checked_str,
+    is_int,
 )
 from tfshards.errors import OptionsError
 from tfshards.readers.options import CachePlan, ReadOptions
@@ -165,11 +166,14 @@ def check_start(start: Any, plan) -> None:
 
     if start is None or isinstance(start, ReadState):
         return
-    if not isinstance(start, tuple | list) or len(start) != 2:
-        raise OptionsError(f"start must be (epoch, batch) or a ReadState; got {start!r}")
     per_epoch = batches_per_epoch(plan)
-    epoch = checked_int("start's epoch", start[0], low=0)
-    batch = checked_int("start's batch", start[1], low=0, high=per_epoch)
+    pair = isinstance(start, tuple | list) and len(start) == 2 and all(map(is_int, start))
+    if not pair or start[0] < 0 or not 0 <= start[1] < per_epoch:
+        raise OptionsError(
+            f"start must be (epoch, batch), integers with epoch >= 0 and 0 <= batch < "
+            f"{per_epoch} (this read's batches per epoch), or a ReadState; got {start!r}"
+        )
+    epoch, batch = int(start[0]), int(start[1])
     if epoch * per_epoch + batch >= STEP_BOUND:
         raise OptionsError(
             f"start={start!r} is past the last step tf.data can count: epoch x "

@@ -170,8 +170,8 @@ def _index(index: int, length: int) -> int:
         position = operator.index(index)  # what Python's sequences take as an index
     except TypeError:
         raise IndexTypeError(
-            f"pair index must be an integer (Python or NumPy); got {index!r} "
-            f"({type(index).__name__})"
+            f"pair index {index!r} is not an integer: pair indices are integers (Python or "
+            "NumPy), negative ones counted from the end"
         ) from None
     if position < 0:
         position += length
