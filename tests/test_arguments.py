@@ -89,6 +89,8 @@ def test_numpy_values_are_taken(dataset):
         shuffle=np.bool_(True), drop_remainder=np.bool_(True), start=(np.int32(0), np.int64(1)),
     )  # fmt: skip
     assert [len(image) for image, _ in ds] == [2] * (records(dataset, "val") // 2)
+    ds = tfshards.read(dataset, split="val", batch_size=2, start=np.array([0, 1]))
+    assert len(list(ds)) == -(-records(dataset, "val") // 2)
 
 
 @pytest.mark.parametrize(

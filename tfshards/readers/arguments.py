@@ -10,6 +10,7 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
 import tensorflow as tf
 
 from tfshards.arguments import (
@@ -167,6 +168,8 @@ def check_start(start: Any, plan) -> None:
     if start is None or isinstance(start, ReadState):
         return
     per_epoch = batches_per_epoch(plan)
+    if isinstance(start, np.ndarray) and start.ndim == 1:
+        start = tuple(start.tolist())
     pair = isinstance(start, tuple | list) and len(start) == 2 and all(map(is_int, start))
     if not pair or start[0] < 0 or not 0 <= start[1] < per_epoch:
         raise OptionsError(
