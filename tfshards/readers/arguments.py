@@ -21,7 +21,7 @@ from tfshards.arguments import (
     is_int,
 )
 from tfshards.errors import OptionsError
-from tfshards.readers.options import CachePlan, ReadOptions
+from tfshards.readers.options import CachePlan, read_options
 from tfshards.readers.order import BatchSchedule
 from tfshards.wording import counted
 
@@ -49,8 +49,7 @@ def check_arguments(path: str | os.PathLike, a: dict[str, Any], cache: CachePlan
         checked_bool(name, a[name])
     if a["image_dtype"] not in ("float32", "uint8"):
         raise OptionsError(f"image_dtype must be 'float32' or 'uint8', got {a['image_dtype']!r}")
-    if a["options"] is not None and not isinstance(a["options"], ReadOptions):
-        raise OptionsError(f"options must be a tfshards.ReadOptions or None; got {a['options']!r}")
+    read_options(a["options"])
     _check_augment(a["augment"])
     _check_input_context(a["input_context"], a["batch_size"])
     if a["service"] is not None and cache.kind != "none":

@@ -95,6 +95,15 @@ class ReadOptions:
             checked_path("shard_cache", self.shard_cache)
 
 
+def read_options(options: ReadOptions | None) -> ReadOptions:
+    """read()'s and Pairs' ``options=``: a ReadOptions, or None for the defaults."""
+    if options is None:
+        return ReadOptions()
+    if not isinstance(options, ReadOptions):
+        raise OptionsError(f"options must be a tfshards.ReadOptions or None; got {options!r}")
+    return options
+
+
 # ReadOptions fields that are a positive integer, or None for the default.
 _OPTIONAL_COUNTS = ("cycle_length", "shuffle_buffer", "read_buffer_bytes", "shard_cache_limit")
 

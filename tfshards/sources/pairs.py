@@ -24,7 +24,7 @@ from tfshards import storage
 from tfshards.arguments import checked_bool, checked_callable, checked_path, checked_str
 from tfshards.errors import OptionsError
 from tfshards.malloc_arenas import keep_freed_batches
-from tfshards.readers.options import ReadOptions
+from tfshards.readers.options import ReadOptions, read_options
 from tfshards.readers.shards import split_shards
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.tfrecord import parse_example
@@ -68,9 +68,7 @@ class Pairs:
         checked_str("split", split)
         checked_callable("transform", transform)
         checked_bool("with_keys", with_keys)
-        if options is not None and not isinstance(options, ReadOptions):
-            raise OptionsError(f"options must be a tfshards.ReadOptions or None; got {options!r}")
-        options = options or ReadOptions()
+        options = read_options(options)
         shards = split_shards(path, split, storage_options=options.storage_options)
         self.records = SplitRecords(
             shards,
