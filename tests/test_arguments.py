@@ -227,6 +227,7 @@ def test_numpy_and_negative_pair_indices_still_work(dataset):
         ({"resize": (8, "8")}, r"resize must be \(height, width\)"),
         ({"mask_map": [(0, 0.5)]}, r"mask_map entries must be \(source, target\) integers"),
         ({"runner": "beam"}, "runner must be a function"),
+        ({"storage_options": "profile=x"}, "storage_options must be a dict"),
     ],
 )
 def test_convert_refuses_bad_arguments(tmp_path, arguments, match):

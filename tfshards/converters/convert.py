@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,9 @@ class ConvertRun:
             if getattr(self, name) is not None:
                 checked_str(name, getattr(self, name))
         checked_callable("runner", self.runner)
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            kind = type(self.storage_options).__name__  # the value may hold credentials
+            raise OptionsError(f"storage_options must be a dict or None, got a {kind}")
 
 
 _RUN_FIELDS = {f.name for f in fields(ConvertRun)}

@@ -88,9 +88,8 @@ class ReadOptions:
         if self.crop_scale is not None:
             _check_crop_scale(self.crop_scale)
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
-            raise OptionsError(
-                f"storage_options must be a dict (or None); got {self.storage_options!r}"
-            )
+            kind = type(self.storage_options).__name__  # the value may hold credentials
+            raise OptionsError(f"storage_options must be a dict or None, got a {kind}")
         if self.shard_cache is not None:
             checked_path("shard_cache", self.shard_cache)
 
