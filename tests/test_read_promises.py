@@ -40,10 +40,10 @@ def small(tmp_path_factory) -> Path:
         ({"image_size": (20, 0)}, r"image_size must be .*got \(20, 0\)"),
         ({"crop_size": 16}, r"crop_size must be \(height, width\), two positive .*got 16"),
         ({"pad_to": (16.5, 12)}, r"pad_to must be .*got \(16.5, 12\)"),
-        ({"batch_size": 2.5}, r"batch_size must be an integer of at least 1, got 2.5"),
-        ({"batch_size": True}, r"batch_size must be an integer of at least 1, got True"),
-        ({"seed": 1.5}, r"seed must be an integer or None, got 1.5"),
-        ({"seed": "1"}, r"seed must be an integer or None, got '1'"),
+        ({"batch_size": 2.5}, r"batch_size must be an integer in \[1, 2\*\*31\), got 2.5"),
+        ({"batch_size": True}, r"batch_size must be an integer in \[1, 2\*\*31\), got True"),
+        ({"seed": 1.5}, r"seed must be an integer in \[0, 2\*\*63\) or None, got 1.5"),
+        ({"seed": "1"}, r"seed must be an integer in \[0, 2\*\*63\) or None, got '1'"),
     ],
 )
 def test_bad_arguments_are_refused_by_tfshards(small, tmp_path, monkeypatch, arguments, match):

@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,13 @@ import numpy as np
 from PIL import Image
 
 from tfshards import storage
+from tfshards.arguments import (
+    checked_bool,
+    checked_callable,
+    checked_int,
+    checked_path,
+    checked_str,
+)
 from tfshards.converters.bucket_output import BucketOutput
 from tfshards.converters.local import write_and_upload, write_shards
 from tfshards.converters.mask_values import check_mask_values, sample_mask_values
@@ -90,6 +97,18 @@ class ConvertRun:
     runner: ShardRunner | None = None
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        checked_int("workers", self.workers, low=1, none=True)
+        for name in ("allow_unpaired", "resume", "overwrite", "progress"):
+            checked_bool(name, getattr(self, name))
+        for name in ("image_pattern", "mask_pattern"):
+            if getattr(self, name) is not None:
+                checked_str(name, getattr(self, name))
+        checked_callable("runner", self.runner)
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            kind = type(self.storage_options).__name__  # the value may hold credentials
+            raise OptionsError(f"storage_options must be a dict or None, got a {kind}")
+
 
 _RUN_FIELDS = {f.name for f in fields(ConvertRun)}
 _OPTION_FIELDS = {f.name for f in fields(ConvertOptions)}
@@ -118,6 +137,12 @@ def convert(
     >>> manifest.splits["train"].records  # doctest: +SKIP
     180
     """
+    checked_path("images", images)
+    if masks is not None:
+        checked_path("masks", masks)
+    checked_path("out", out)
+    if options is not None and not isinstance(options, ConvertOptions):
+        raise OptionsError(f"options must be a ConvertOptions or None; got {options!r}")
     unknown = sorted(set(settings) - _RUN_FIELDS - _OPTION_FIELDS)
     if unknown:
         raise OptionsError(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from tfshards.arguments import checked_bool, checked_int, checked_size, is_int
 from tfshards.errors import OptionsError
 from tfshards.schemas import deflate
 from tfshards.schemas.format import (
@@ -70,6 +72,7 @@ class ConvertOptions:
     tfds_metadata: bool = False
 
     def __post_init__(self) -> None:
+        self._check_types()
         image_encoding(self.encoding)
         if self.mask_encoding != AUTO:
             mask_encoding(self.mask_encoding)
@@ -116,8 +119,25 @@ class ConvertOptions:
                 f"index files need uncompressed shards (got compression {self.compression!r}): "
                 "DALI and the tfrecord package seek to byte offsets in the file"
             )
-        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
-            raise OptionsError(f"resize must be (height, width) > 0, got {self.resize}")
+
+    def _check_types(self) -> None:
+        """Integers are integers and flags bools: ``num_shards=2.5`` or ``seed="x"`` would
+        otherwise be taken, or fail inside a worker in Python's words."""
+        for name in _COUNTS:
+            checked_int(name, getattr(self, name), none=name in _OPTIONAL)
+        for name in ("binary_masks", "index", "tfds_metadata"):
+            checked_bool(name, getattr(self, name))
+        for name in ("val_fraction", "test_fraction"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                raise OptionsError(f"{name} must be a number in [0, 1); got {value!r}")
+        if self.resize is not None:
+            object.__setattr__(self, "resize", checked_size("resize", self.resize))
+        for entry in self.mask_map or ():
+            if len(entry) != 2 or not all(map(is_int, entry)):
+                raise OptionsError(
+                    f"mask_map entries must be (source, target) integers; got {entry!r}"
+                )
 
     def _check_masks(self) -> None:
         if self.num_classes is not None and not 1 <= self.num_classes <= 256:
@@ -160,6 +180,19 @@ class ConvertOptions:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# ConvertOptions fields that are integers; those in _OPTIONAL may be None (auto).
+_COUNTS = (
+    "compression_level",
+    "num_shards",
+    "shard_size",
+    "seed",
+    "channels",
+    "num_classes",
+    "ignore_label",
+)
+_OPTIONAL = ("num_shards", "channels", "num_classes", "ignore_label")
 
 
 def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:

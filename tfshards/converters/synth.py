@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from tfshards.arguments import checked_bool, checked_int, checked_path, checked_size, is_int
 from tfshards.errors import OptionsError
 
 _PALETTE_SEED = 1234
@@ -31,15 +32,19 @@ def synth(
 
     >>> images, masks = synth("data", count=20, size=64, classes=3)  # doctest: +SKIP
     """
-    if count < 1:
-        raise OptionsError(f"count must be at least 1, got {count}")
-    if not 2 <= classes <= 256:
-        raise OptionsError(f"classes must be 2..256, got {classes}")
+    checked_path("out", out)
+    checked_int("count", count, low=1)
+    checked_int("classes", classes, low=2, high=257)
+    checked_int("seed", seed, low=0)
+    checked_bool("palette_masks", palette_masks)
+    if is_int(size):
+        size = (checked_int("size", size, low=1),) * 2
+    height, width = checked_size("size", size)
+    checked_int("channels", channels)
     if image_format not in ("png", "jpeg"):
         raise OptionsError(f"image_format must be png or jpeg, got {image_format!r}")
     if channels not in (1, 3):
         raise OptionsError(f"channels must be 1 or 3, got {channels}")
-    height, width = (size, size) if isinstance(size, int) else size
     images, masks = Path(out, "images"), Path(out, "masks")
     images.mkdir(parents=True, exist_ok=True)
     masks.mkdir(parents=True, exist_ok=True)

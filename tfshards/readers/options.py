@@ -6,6 +6,7 @@ Ordering: file shuffle, cycle length and determinism, decided in one place.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from collections.abc import Mapping
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tfshards.arguments import checked_bool, checked_int, checked_path
 from tfshards.converters.options import parse_size
 from tfshards.errors import OptionsError
 from tfshards.readers.shards import SplitShards
@@ -21,27 +25,14 @@ from tfshards.readers.shards import SplitShards
 # more than 64 MiB (copies out of a buffer far larger than the CPU caches); the file order
 # and, for the cache, the random rotation of its parts mix records beyond the buffer.
 SHUFFLE_BUFFER_BYTES = 64 * 2**20
-# cache= words that are not folders: a near miss such as "Memory" or "disk" would otherwise
-# quietly become a cache folder of that name in the current directory.
-_CACHE_WORDS = frozenset({"memory", "ram", "disk", "true", "false", "none", "yes", "no"})
-
-
-def is_int(value: object) -> bool:
-    """An integer (Python or NumPy), not a bool: what counts, sizes and seeds must be."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def checked_size(name: str, value: object) -> tuple[int, int]:
-    """``(height, width)`` of positive integers, or an OptionsError naming ``name``."""
-    try:
-        height, width = value  # type: ignore[misc]
-    except (TypeError, ValueError):
-        raise OptionsError(
-            f"{name} must be (height, width), two positive integers; got {value!r}"
-        ) from None
-    if not (is_int(height) and is_int(width) and min(height, width) >= 1):
-        raise OptionsError(f"{name} must be (height, width), two positive integers; got {value!r}")
-    return int(height), int(width)
+# cache= words that are not folders (a near miss such as "Memory" or "disk" would otherwise
+# quietly become a cache folder of that name in the current directory), each with what it
+# most likely meant.
+_CACHE_WORDS = {
+    **dict.fromkeys(("memory", "ram", "mem"), "'memory'"),
+    **dict.fromkeys(("disk", "true", "yes", "on"), "True"),
+    **dict.fromkeys(("false", "none", "no", "off", ""), "None"),
+}
 
 
 @dataclass(frozen=True)
@@ -89,14 +80,42 @@ class ReadOptions:
     def __post_init__(self) -> None:
         if isinstance(self.shard_cache_limit, str):
             object.__setattr__(self, "shard_cache_limit", parse_size(self.shard_cache_limit))
-        for name in ("cycle_length", "shuffle_buffer", "read_buffer_bytes", "shard_cache_limit"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise OptionsError(f"{name} must be at least 1, got {value}")
-        if min(self.block_length, self.parse_batch_size, self.download_ahead) < 1:
-            raise OptionsError(
-                "block_length, parse_batch_size and download_ahead must be at least 1"
-            )
+        for name in _OPTIONAL_COUNTS:
+            checked_int(name, getattr(self, name), low=1, none=True)
+        for name in ("block_length", "parse_batch_size", "download_ahead"):
+            checked_int(name, getattr(self, name), low=1)
+        checked_bool("deterministic", self.deterministic, none=True)
+        if self.crop_scale is not None:
+            _check_crop_scale(self.crop_scale)
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            kind = type(self.storage_options).__name__  # the value may hold credentials
+            raise OptionsError(f"storage_options must be a dict or None, got a {kind}")
+        if self.shard_cache is not None:
+            checked_path("shard_cache", self.shard_cache)
+
+
+def read_options(options: ReadOptions | None) -> ReadOptions:
+    """read()'s and Pairs' ``options=``: a ReadOptions, or None for the defaults."""
+    if options is None:
+        return ReadOptions()
+    if not isinstance(options, ReadOptions):
+        raise OptionsError(f"options must be a tfshards.ReadOptions or None; got {options!r}")
+    return options
+
+
+# ReadOptions fields that are a positive integer, or None for the default.
+_OPTIONAL_COUNTS = ("cycle_length", "shuffle_buffer", "read_buffer_bytes", "shard_cache_limit")
+
+
+def _check_crop_scale(value: object) -> None:
+    """Two finite positive numbers; their order is checked with crop_size (sizing.py)."""
+    try:
+        low, high = value  # type: ignore[misc]
+        numbers_ok = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+    except (TypeError, ValueError):
+        numbers_ok = False
+    if not numbers_ok or not all(math.isfinite(v) and v > 0 for v in (low, high)):
+        raise OptionsError(f"crop_scale must be (low, high), two positive numbers; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -108,21 +127,35 @@ class CachePlan:
 
     @classmethod
     def of(cls, cache: bool | str | os.PathLike | None) -> CachePlan:
+        """None/False: stream; True: a disk cache in the default place; "memory"; any other
+        string or path is the disk cache's folder, except near misses of the keywords
+        ("Memory", "ram", "disk", "none"...) and strings with spaces around them."""
+        if isinstance(cache, np.bool_):
+            cache = bool(cache)
         if cache is None or cache is False:
             return cls("none")
         if cache is True:
             return cls("disk")
         if cache == "memory":
             return cls("memory")
-        if isinstance(cache, str) and (not cache.strip() or cache.lower() in _CACHE_WORDS):
-            raise OptionsError(
-                f"cache={cache!r} is neither 'memory' nor a folder: pass None (stream), "
-                "'memory', True (a disk cache beside the shards) or a folder path "
-                "(Path('name') for a folder named like a keyword)"
-            )
+        if isinstance(cache, str):
+            _check_cache_folder(cache)
         if isinstance(cache, str | os.PathLike):
             return cls("disk", Path(cache))
         raise OptionsError(f"cache must be None, True, 'memory' or a folder path; got {cache!r}")
+
+
+def _check_cache_folder(cache: str) -> None:
+    """A string meant as a folder: refused when it looks like a mistyped keyword, which
+    would otherwise quietly become a cache folder of that name in the current directory."""
+    word = cache.strip().lower()
+    if word in _CACHE_WORDS or cache != cache.strip():
+        meant = _CACHE_WORDS.get(word, "a folder path without spaces around it")
+        raise OptionsError(
+            f"cache={cache!r} is neither 'memory' nor a folder: did you mean cache={meant}? "
+            "Pass None (stream), 'memory', True (a disk cache beside the shards) or a "
+            "folder path (Path('name') for a folder named like a keyword)"
+        )
 
 
 @dataclass(frozen=True)

@@ -288,7 +288,8 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         Cursor(step, per_iteration),
         plan.shape,
         identity,
-        *delivered_buffers(plan, schedule.batch_size),
+        # Rows of the largest batch: a batch_size beyond the split allocates no more.
+        *delivered_buffers(plan, min(schedule.batch_size, shards.records)),
         0 if local else plan.options.download_ahead,
         pixels,
     )

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 from tfshards.errors import OptionsError, TfshardsError
 from tfshards.malloc_arenas import keep_freed_batches
 from tfshards.readers import stages
+from tfshards.readers.arguments import check_batches, check_start
 from tfshards.readers.cache import DiskCache, default_cache_root
 from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
@@ -115,7 +116,9 @@ def read(
         service=service,
         options=options,
     )
+    check_batches(plan)
     if plan.ordered:
+        check_start(start, plan)
         return stages.budgeted(ordered_dataset(plan, start, pair_store(plan)), plan)
     if start is not None:
         raise OptionsError(

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfshards.arguments import checked_size
 from tfshards.errors import OptionsError
+from tfshards.readers.arguments import check_arguments
 from tfshards.readers.cache import user_cache_dir
 from tfshards.readers.decode import (
     Augment,
@@ -33,8 +35,6 @@ from tfshards.readers.options import (
     CachePlan,
     Ordering,
     ReadOptions,
-    checked_size,
-    is_int,
     ordering,
 )
 from tfshards.readers.order import group_shards
@@ -144,7 +144,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     a = arguments
     options = a["options"] or ReadOptions()
     cache = CachePlan.of(a["cache"])
-    _check_arguments(a["batch_size"], a["seed"], a["image_dtype"], cache, a["service"])
+    check_arguments(path, a, cache)
     shuffle = a["split"] == "train" if a["shuffle"] is None else a["shuffle"]
     pipeline, batch_size = (0, 1), a["batch_size"]
     if (context := a["input_context"]) is not None:
@@ -287,22 +287,6 @@ def _finishing(
         return Finishing(finisher(shards, image_dtype, None, False), False, layer, image_dtype)
     finish = finisher(shards, image_dtype, augment, one_hot)
     return Finishing(finish, augment is not None, None, image_dtype)
-
-
-def _check_arguments(
-    batch_size: int, seed: int | None, image_dtype: str, cache: CachePlan, service: str | None
-) -> None:
-    if not is_int(batch_size) or batch_size < 1:
-        raise OptionsError(f"batch_size must be an integer of at least 1, got {batch_size!r}")
-    if seed is not None and not is_int(seed):
-        raise OptionsError(f"seed must be an integer or None, got {seed!r}")
-    if image_dtype not in ("float32", "uint8"):
-        raise OptionsError(f"image_dtype must be 'float32' or 'uint8', got {image_dtype!r}")
-    if service is not None and cache.kind != "none":
-        raise OptionsError(
-            "cache and service cannot be combined: the tf.data service "
-            "workers decode on other machines; pass cache=None"
-        )
 
 
 def _target_shape(

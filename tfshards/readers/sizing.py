@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from tfshards.arguments import checked_size
 from tfshards.errors import OptionsError
-from tfshards.readers.options import checked_size
 
 AUTOTUNE = tf.data.AUTOTUNE
 # Mask value of padded pixels when the dataset declares no ignore label; the loss should

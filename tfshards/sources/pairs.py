@@ -13,6 +13,7 @@ same record: the image ``uint8 [H, W, C]``, the mask's class indices ``[H, W, 1]
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from tfshards import storage
+from tfshards.arguments import checked_bool, checked_callable, checked_path, checked_str
+from tfshards.errors import OptionsError
 from tfshards.malloc_arenas import keep_freed_batches
-from tfshards.readers.options import ReadOptions
+from tfshards.readers.options import ReadOptions, read_options
 from tfshards.readers.shards import split_shards
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.tfrecord import parse_example
@@ -62,7 +65,11 @@ class Pairs:
         options: ReadOptions | None = None,
     ) -> None:
         keep_freed_batches()  # see malloc_arenas.py
-        options = options or ReadOptions()
+        checked_path("path", path)
+        checked_str("split", split)
+        checked_callable("transform", transform)
+        checked_bool("with_keys", with_keys)
+        options = read_options(options)
         shards = split_shards(path, split, storage_options=options.storage_options)
         self.records = SplitRecords(
             shards,
@@ -154,16 +161,27 @@ def _parsed(data: bytes) -> dict:
 
 
 def _index(index: int, length: int) -> int:
-    """A Python or NumPy integer in range, negative ones counted from the end."""
+    """A Python or NumPy integer in range, negative ones counted from the end (a float, a
+    string or a bool is refused, not rounded or parsed into another pair's index)."""
     try:
-        position = int(np.asarray(index).item()) if not isinstance(index, int) else index
-    except (TypeError, ValueError):
-        raise TypeError(f"pair indices are integers, got {type(index).__name__}") from None
+        if isinstance(index, bool | np.bool_):
+            raise TypeError
+        position = operator.index(index)  # what Python's sequences take as an index
+    except TypeError:
+        raise IndexTypeError(
+            f"pair index {index!r} is not an integer: pair indices are integers (Python or "
+            "NumPy), negative ones counted from the end"
+        ) from None
     if position < 0:
         position += length
     if not 0 <= position < length:
         raise IndexError(f"pair index {index} out of range for {length} pairs")
     return position
+
+
+class IndexTypeError(OptionsError, TypeError):
+    """A pair index that is not an integer: an OptionsError, and the TypeError that Python
+    sequences raise for it."""
 
 
 def torch_pair(image: np.ndarray, mask: np.ndarray) -> tuple[Any, Any]:
