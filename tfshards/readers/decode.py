@@ -416,7 +416,8 @@ def reseeded(layer, step: tf.Tensor, seed: int | None) -> list[tf.Tensor]:
             base = getattr(owner, "seed", None) if seed is None else seed
         if base is None:
             base = _process_seed()
-        key = tf.stack([tf.constant(int(base) + 7919 * number, tf.int64), step])
+        offset = (int(base) + 7919 * number) % 2**63  # seeds up to 2**63 - 1 stay in int64
+        key = tf.stack([tf.constant(offset, tf.int64), step])
         assignments.append(_assign(generator.state, tf.cast(key, generator.state.dtype)))
     return assignments
 
