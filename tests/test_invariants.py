@@ -86,9 +86,16 @@ class Combination:
 # Triples pairwise coverage may miss: augmented batches read by index on two pipelines
 # (issue 43 point 7: the pipelines drew alike), seeded and not.
 REQUIRED = tuple(
-    Combination("raw", "none", cache, "uint8", True, seed, "fixed", True, 4, 2)
-    for cache, seed in (("none", 7), ("disk", None))
+    Combination("raw", "none", "none", "uint8", True, seed, "fixed", True, 4, 2)
+    for seed in (7, None)
 )
+
+
+def refused(candidate: dict) -> bool:
+    """A cache read by index on several pipelines is refused at read() (issue 43 point
+    10; tests/test_read.py checks the refusal), so the matrix leaves it out."""
+    reads_by_index = candidate["sizing"] == "fixed"
+    return reads_by_index and candidate["cache"] != "none" and candidate["pipelines"] > 1
 
 
 def sampled_combinations(seed: int = 28, extra: int = 6) -> list[Combination]:
@@ -98,6 +105,7 @@ def sampled_combinations(seed: int = 28, extra: int = 6) -> list[Combination]:
     names = list(FACTORS)
     candidates = [dict(zip(names, values, strict=True)) for values in itertools.product(
         *FACTORS.values())]  # fmt: skip
+    candidates = [c for c in candidates if not refused(c)]
     random.Random(seed).shuffle(candidates)
 
     def pairs_of(candidate: dict) -> set:
@@ -289,7 +297,7 @@ def test_read_invariants_over_a_sample_of_its_options(tmp_path):
             failures.append(f"{combinations[number]}: another process read other epochs "
                             f"(epochs {differ} of {EPOCHS})")  # fmt: skip
     assert not failures, "\n".join(failures)
-    assert len(combinations) == 22
+    assert len(combinations) == 25
 
 
 def test_a_ready_disk_cache_serves_the_epochs_its_builder_served(tmp_path):

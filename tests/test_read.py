@@ -790,7 +790,7 @@ def test_a_damaged_entry_found_late_leaves_the_one_rebuilt_in_its_place(four_cla
     old = tfshards.read(four_classes, **ordered)  # holds A's files open
     ready, image_bytes, _ = _flat_entry(cache)
     _flip(ready / "pairs.image", 2 * image_bytes)
-    ready.rename(ready.with_name("moved-away"))  # as another process's read would
+    ready.rename(tmp_path / "moved-away")  # as another process's read would
     assert digests(tfshards.read(four_classes, **ordered)) == expected  # builds entry B
     rebuilt = _flat_entry(cache)[0] / "pairs.image"
     inode = rebuilt.stat().st_ino

@@ -99,7 +99,6 @@ def run_comparison(
     """Convert once with the defaults, then ``config.rounds`` alternating rounds."""
     import tfshards
     from tfshards.converters.convert import ConvertOptions, ConvertRun, run_conversion
-    from tfshards.readers.cache import default_cache_root
 
     step = on_step or (lambda name: None)
     shards = config.work / "compare-shards"
@@ -121,16 +120,15 @@ def run_comparison(
             measured.update(measure(config.work, shards, data, size, channels))
             step(f"round {number + 1}")
         result.passes.append(measured)
-    tfshards.clear_caches(default_cache_root(shards))
+    tfshards.clear_caches(shards)
     shutil.rmtree(shards, ignore_errors=True)
     return result
 
 
 def _ours(work: Path, shards: Path, data: Path, size: tuple[int, int], channels: int) -> Measured:
     import tfshards
-    from tfshards.readers.cache import default_cache_root
 
-    tfshards.clear_caches(default_cache_root(shards))  # the first epoch builds it anew
+    tfshards.clear_caches(shards)  # the first epoch builds it anew
     dataset = tfshards.read(shards, batch_size=BATCH, seed=0, cache=True)
     return {(OURS, "first"): _pass(dataset), (OURS, "warm"): _pass(dataset)}
 
