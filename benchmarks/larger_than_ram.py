@@ -10,11 +10,11 @@ for the cgroup. With --against, each row twice per round: --pairs 64 --limit-mib
     sudo python benchmarks/larger_than_ram.py --against 5d9e324 --cases rgb512 \
         --limit-mib 2048 --encodings raw --allocators false --no-hand --long-epochs 0
 
-With ``--against REV`` every reader row runs for this checkout and for the tfshards of
-git revision REV (extracted with ``git archive``, imported by ``PYTHONPATH`` in the
-child), each reading shards its own version converted, in --rounds rounds that
-alternate which tree goes first; a table of medians and spreads (min-max over rounds)
-and of the per-round ratio here / REV follows the per-epoch rows.
+With ``--against REV[,REV...]`` every reader row runs for this checkout and for the
+tfshards of each git revision (extracted with ``git archive``, imported by ``PYTHONPATH``
+in the child), each reading shards its own version converted, in --rounds rounds, each
+round starting with the next tree; a table of medians and spreads (min-max over rounds)
+and of the per-round ratios here / REV follows the per-epoch rows.
 
 Cases: 512x512 RGB pairs (batch 32) and 1024x1024 grayscale tiles (batch 8), generated
 with ``tfshards.synth`` (a few distinct pairs, hard-linked under as many keys as make
@@ -79,7 +79,9 @@ def main() -> None:
     )
     parser.add_argument("--encodings", default=",".join(ENCODINGS))
     parser.add_argument("--pairs", type=int, help="pairs per case (default: from --factor)")
-    parser.add_argument("--against", help="a git revision whose reader runs beside this one")
+    parser.add_argument(
+        "--against", help="git revisions (comma-separated) whose readers run beside this one"
+    )
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 3 with --against)")
     parser.add_argument(
         "--rows", help="only these reader rows, e.g. stream:float32,cached:uint8 (bare always)"
@@ -303,29 +305,31 @@ def run(args: argparse.Namespace) -> None:
 def run_against(args: argparse.Namespace, cgroup: MemoryCgroup) -> None:
     """Each reader row for this checkout and for ``--against``, alternating which goes
     first round by round (the bare read once per round, on this checkout's shards)."""
-    tree, label = _trees.tree_of(args.against, args.root)
+    others = {label: tree for tree, label in
+              (_trees.tree_of(rev, args.root) for rev in args.against.split(","))}  # fmt: skip
     rounds = args.rounds or 3
-    print(f"here: {_trees.HERE}; {args.against} = {label}: {tree}; {rounds} rounds", flush=True)
+    print(f"here: {_trees.HERE}; {args.against}: {others}; {rounds} rounds", flush=True)
     rows = []
     for case in args.cases.split(","):
         folder, count = prepare(args.root, case, args)
         plan = [j for a in args.allocators.split(",") for j in jobs(case, folder, a, args)]
-        print(sizes(case, folder, count, args, label), flush=True)
+        print(sizes(case, folder, count, args, *others), flush=True)
         for number in range(1, rounds + 1):
             for job in plan:
-                pair = (
-                    [job]
-                    if job["pipeline"] == "bare"
-                    else [job, with_tree(job, folder, tree, label)]
-                )
-                for one in pair if number % 2 else pair[::-1]:
+                if job["pipeline"] == "bare":
+                    order = [job]
+                else:  # each round starts one tree later
+                    order = [job, *(with_tree(job, folder, t, k) for k, t in others.items())]
+                    turn = (number - 1) % len(order)
+                    order = order[turn:] + order[:turn]
+                for one in order:
                     new = run_child({**one, "round": number}, folder, cgroup, args)
                     rows += new
                     add_ratios(rows)
                     print(markdown_table(new) if new else "", flush=True)
     print()
     print(markdown_table(rows))
-    table = compared(rows, label)
+    table = compared(rows, list(others))
     print()
     print(markdown_table(table) if table else "no row finished an epoch")
 
@@ -428,7 +432,7 @@ def add_ratios(rows: list[dict]) -> None:
             r["vs_bare"] = round(r["pairs_per_s"] / (sum(rates) / len(rates)), 2)
 
 
-def compared(rows: list[dict], label: str) -> list[dict]:
+def compared(rows: list[dict], labels: list[str]) -> list[dict]:
     """Per row and phase (streamed epochs; a cache's build, then its reads): each tree's
     median pairs/s over rounds (min-max), the median of the per-round ratios here / other,
     each tree's median against the bare read, and each tree's largest peak RSS."""
@@ -449,7 +453,7 @@ def compared(rows: list[dict], label: str) -> list[dict]:
         bare_rate = _median((bare.get((case, encoding, bfc)) or {}).get("here", {}), 0)
         name = f"{pipeline} {dtype}" + (f" ({phase})" if pipeline == "cached" else "")
         line = {"case": case, "encoding": encoding, "BFC": bfc, "row": name}
-        for tree in ("here", label):
+        for tree in ("here", *labels):
             rates = per_round.get(tree, {})
             line[f"{tree} pairs/s"] = _spread(list(rates.values()))
             line[f"{tree} vs bare"] = (
@@ -459,9 +463,11 @@ def compared(rows: list[dict], label: str) -> list[dict]:
             )
             peaks = [p for v in trees.get(tree, {}).values() for _, p in v if p != ""]
             line[f"{tree} peak RSS MiB"] = max(peaks) if peaks else ""
-        here, other = per_round.get("here", {}), per_round.get(label, {})
-        ratios = [here[n] / other[n] for n in here if n in other and other[n]]
-        line[f"here / {label}"] = _spread(ratios, digits=2)
+        here = per_round.get("here", {})
+        for label in labels:
+            other = per_round.get(label, {})
+            ratios = [here[n] / other[n] for n in here if n in other and other[n]]
+            line[f"here / {label}"] = _spread(ratios, digits=2)
         out.append(line)
     return out
 
