@@ -3,9 +3,18 @@
 Compares: each reader against the bare TFRecordDataset read of the same shards (the
 disk's pace), each in a cgroup with a memory limit a third of the data.
 Takes: 30-60 minutes for both cases (it writes several GiB of shards first); needs root
-for the cgroup.
+for the cgroup. With --against, each row twice per round: --pairs 64 --limit-mib 768
+(a smoke run, one row, 2 rounds) took 1 minute on 2 cores.
 
     sudo python benchmarks/larger_than_ram.py --limit-mib 1536 --cases rgb512,gray1024
+    sudo python benchmarks/larger_than_ram.py --against 5d9e324 --cases rgb512 \
+        --limit-mib 2048 --encodings raw --allocators false --no-hand --long-epochs 0
+
+With ``--against REV[,REV...]`` every reader row runs for this checkout and for the
+tfshards of each git revision (extracted with ``git archive``, imported by ``PYTHONPATH``
+in the child), each reading shards its own version converted, in --rounds rounds, each
+round starting with the next tree; a table of medians and spreads (min-max over rounds)
+and of the per-round ratios here / REV follows the per-epoch rows.
 
 Cases: 512x512 RGB pairs (batch 32) and 1024x1024 grayscale tiles (batch 8), generated
 with ``tfshards.synth`` (a few distinct pairs, hard-linked under as many keys as make
@@ -37,11 +46,13 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import _trees
 from _common import drop_pages, markdown_table
 
 CASES = {  # name: (side, channels, batch)
@@ -66,6 +77,15 @@ def main() -> None:
     parser.add_argument(
         "--knobs", action="store_true", help="only the reader-knob rows (raw, stream)"
     )
+    parser.add_argument("--encodings", default=",".join(ENCODINGS))
+    parser.add_argument("--pairs", type=int, help="pairs per case (default: from --factor)")
+    parser.add_argument(
+        "--against", help="git revisions (comma-separated) whose readers run beside this one"
+    )
+    parser.add_argument("--rounds", type=int, help="alternating rounds (default 3 with --against)")
+    parser.add_argument(
+        "--rows", help="only these reader rows, e.g. stream:float32,cached:uint8 (bare always)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -76,35 +96,38 @@ def main() -> None:
 # ---------------------------------------------------------------- parent: data and jobs
 
 
-def prepare(root: Path, case: str, limit_mib: int, factor: float) -> tuple[Path, int]:
-    """Generate and convert one case once (kept under root for reruns); return its folder."""
+def prepare(root: Path, case: str, args: argparse.Namespace) -> tuple[Path, int]:
+    """Generate one case once (kept under root for reruns); return its folder."""
     import tfshards
 
     side, channels, _ = CASES[case]
-    folder = root / case
     pair_mib = side * side * (channels + 1) / 2**20
-    count = int(limit_mib * factor / pair_mib * 1.02) + 1
-    if (folder / "deflate" / "tfshards.json").exists():
-        return folder, count
+    count = args.pairs or int(args.limit_mib * args.factor / pair_mib * 1.02) + 1
+    folder = root / f"{case}-{count}"
     distinct = folder / "distinct"
-    tfshards.synth(distinct, count=DISTINCT, size=side, channels=channels, seed=0)
+    if not (distinct / "masks").is_dir():
+        tfshards.synth(distinct, count=DISTINCT, size=side, channels=channels, seed=0)
     for kind in ("images", "masks"):
         (folder / "data" / kind).mkdir(parents=True, exist_ok=True)
         for index in range(count):
             link = folder / "data" / kind / f"{index:06d}.png"
             if not link.exists():
                 os.link(distinct / kind / f"{index % DISTINCT:05d}.png", link)
-    for encoding in ENCODINGS:
-        tfshards.convert(
-            folder / "data" / "images",
-            folder / "data" / "masks",
-            folder / encoding,
-            encoding=encoding,
-            channels=channels,
-            overwrite=True,
-            progress=False,
-        )
     return folder, count
+
+
+def converted(folder: Path, tree: Path, label: str, encoding: str, channels: int) -> Path:
+    """The case's shards converted by ``tree``'s own tfshards (in a child process), once."""
+    out = folder / label / encoding
+    if not (out / "tfshards.json").exists():
+        data = folder / "data"
+        _trees.run_in(tree, (
+            "import tfshards\n"
+            f"tfshards.convert({str(data / 'images')!r}, {str(data / 'masks')!r}, "
+            f"{str(out)!r}, encoding={encoding!r}, channels={channels}, overwrite=True, "
+            "progress=False)\n"
+        ))  # fmt: skip
+    return out
 
 
 def evict(folder: Path) -> None:
@@ -195,20 +218,29 @@ def _read(path: Path) -> str:
 
 
 def jobs(case: str, folder: Path, allocator: str, args: argparse.Namespace) -> list[dict]:
+    """The rows of one case: bare, then each reader row (``--rows``) per encoding; shards
+    are the ones this checkout ("here") converted; ``with_tree`` swaps in another's."""
     side, channels, batch = CASES[case]
-    base = {"case": case, "side": side, "channels": channels, "batch": batch, "bfc": allocator}
+    base = {"case": case, "side": side, "channels": channels, "batch": batch, "bfc": allocator,
+            "tree": "here", "tree_path": str(_trees.HERE)}  # fmt: skip
+    wanted = args.rows.split(",") if args.rows else None
     out = []
-    for encoding in ENCODINGS:
-        shards = str(folder / encoding)
+    for encoding in args.encodings.split(","):
+        shards = str(converted(folder, _trees.HERE, "here", encoding, channels))
         common = {**base, "encoding": encoding, "shards": shards}
         out.append({**common, "pipeline": "bare", "dtype": "bytes", "epochs": args.stream_epochs})
-        for dtype in ("uint8", "float32"):
-            out.append({**common, "pipeline": "stream", "dtype": dtype,
-                        "epochs": args.stream_epochs})  # fmt: skip
-        for dtype in ("uint8", "float32"):
-            out.append({**common, "pipeline": "cached", "dtype": dtype,
-                        "epochs": args.cached_epochs})  # fmt: skip
+        for pipeline, epochs in (("stream", args.stream_epochs), ("cached", args.cached_epochs)):
+            for dtype in ("uint8", "float32"):
+                if wanted is None or f"{pipeline}:{dtype}" in wanted:
+                    out.append({**common, "pipeline": pipeline, "dtype": dtype,
+                                "epochs": epochs})  # fmt: skip
     return out
+
+
+def with_tree(job: dict, folder: Path, tree: Path, label: str) -> dict:
+    """The same row read by another tree's reader from shards that tree converted."""
+    shards = converted(folder, tree, label, job["encoding"], job["channels"])
+    return {**job, "tree": label, "tree_path": str(tree), "shards": str(shards)}
 
 
 # Reader knobs for large records, one at a time from the defaults (see readers/options.py).
@@ -242,18 +274,21 @@ def run(args: argparse.Namespace) -> None:
     args.root.mkdir(parents=True, exist_ok=True)
     cgroup = MemoryCgroup(args.limit_mib * 2**20)
     print(conditions(args, cgroup), flush=True)
+    if args.against:
+        return run_against(args, cgroup)
     rows = []
     for case in args.cases.split(","):
-        folder, count = prepare(args.root, case, args.limit_mib, args.factor)
-        print(sizes(case, folder, count, args.limit_mib), flush=True)
+        folder, count = prepare(args.root, case, args)
         plan = [j for a in args.allocators.split(",") for j in jobs(case, folder, a, args)]
+        print(sizes(case, folder, count, args), flush=True)
         if args.knobs:
             plan = knob_jobs(plan[0], args.allocators.split(",")[-1])
         if not args.no_hand and not args.knobs and CASES[case][1] == 3:
             plan.append({"case": case, "side": CASES[case][0], "channels": 3,
                          "batch": CASES[case][2], "bfc": "false", "encoding": "(PNG files)",
                          "shards": str(folder / "data"), "pipeline": "hand",
-                         "dtype": "float32", "epochs": 2})  # fmt: skip
+                         "dtype": "float32", "epochs": 2, "tree": "here",
+                         "tree_path": str(_trees.HERE)})  # fmt: skip
         if args.long_epochs and not args.knobs:
             for pipeline in ("stream", "cached"):
                 plan.append({**plan[0], "pipeline": pipeline, "dtype": "float32",
@@ -265,6 +300,38 @@ def run(args: argparse.Namespace) -> None:
             print(markdown_table(rows[-job["epochs"] :]) if rows else "", flush=True)
     print()
     print(markdown_table(rows))
+
+
+def run_against(args: argparse.Namespace, cgroup: MemoryCgroup) -> None:
+    """Each reader row for this checkout and for ``--against``, alternating which goes
+    first round by round (the bare read once per round, on this checkout's shards)."""
+    others = {label: tree for tree, label in
+              (_trees.tree_of(rev, args.root) for rev in args.against.split(","))}  # fmt: skip
+    rounds = args.rounds or 3
+    print(f"here: {_trees.HERE}; {args.against}: {others}; {rounds} rounds", flush=True)
+    rows = []
+    for case in args.cases.split(","):
+        folder, count = prepare(args.root, case, args)
+        plan = [j for a in args.allocators.split(",") for j in jobs(case, folder, a, args)]
+        print(sizes(case, folder, count, args, *others), flush=True)
+        for number in range(1, rounds + 1):
+            for job in plan:
+                if job["pipeline"] == "bare":
+                    order = [job]
+                else:  # each round starts one tree later
+                    order = [job, *(with_tree(job, folder, t, k) for k, t in others.items())]
+                    turn = (number - 1) % len(order)
+                    order = order[turn:] + order[:turn]
+                for one in order:
+                    new = run_child({**one, "round": number}, folder, cgroup, args)
+                    rows += new
+                    add_ratios(rows)
+                    print(markdown_table(new) if new else "", flush=True)
+    print()
+    print(markdown_table(rows))
+    table = compared(rows, list(others))
+    print()
+    print(markdown_table(table) if table else "no row finished an epoch")
 
 
 def conditions(args: argparse.Namespace, cgroup: MemoryCgroup) -> str:
@@ -279,11 +346,13 @@ def conditions(args: argparse.Namespace, cgroup: MemoryCgroup) -> str:
             "data's pages evicted before every child (posix_fadvise)")  # fmt: skip
 
 
-def sizes(case: str, folder: Path, count: int, limit_mib: int) -> str:
+def sizes(case: str, folder: Path, count: int, args: argparse.Namespace, *labels: str) -> str:
     parts = []
-    for encoding in ENCODINGS:
-        mib = sum(p.stat().st_size for p in (folder / encoding).glob("*")) / 2**20
-        parts.append(f"{encoding} {mib / 1024:.2f} GiB ({mib / limit_mib:.1f}x the limit)")
+    for label in ("here", *labels):
+        for encoding in args.encodings.split(","):
+            mib = sum(p.stat().st_size for p in (folder / label / encoding).glob("*")) / 2**20
+            parts.append(f"{label} {encoding} {mib / 1024:.2f} GiB "
+                         f"({mib / args.limit_mib:.1f}x the limit)")  # fmt: skip
     return f"{case}: {count} pairs; shards: " + ", ".join(parts)
 
 
@@ -292,7 +361,8 @@ def run_child(job: dict, folder: Path, cgroup: MemoryCgroup, args: argparse.Name
     shutil.rmtree(cache, ignore_errors=True)
     evict(folder)
     job = {**job, "cache": str(cache), "evict_each_epoch": not cgroup.usable}
-    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": job["bfc"], "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = _trees.env_of(Path(job["tree_path"]), TF_CPU_ALLOCATOR_USE_BFC=job["bfc"],
+                        TF_CPP_MIN_LOG_LEVEL="3")  # fmt: skip
     group = cgroup.create(f"tfshards-bench-{os.getpid()}") if cgroup.usable else None
     procs = None if group is None else group / "cgroup.procs"
 
@@ -306,6 +376,9 @@ def run_child(job: dict, folder: Path, cgroup: MemoryCgroup, args: argparse.Name
     )  # fmt: skip
     out, err = child_proc.communicate()
     results = [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
+    imported = [x[5:] for x in out.splitlines() if x.startswith("TREE ")]
+    if imported and not imported[0].startswith(job["tree_path"]):
+        raise SystemExit(f"the {job['tree']} row imported tfshards from {imported[0]}")
     killed = child_proc.returncode != 0
     oom = cgroup.oom_kills() if group is not None else 0
     peak = cgroup.peak_mib() if group is not None else None
@@ -327,6 +400,8 @@ def row(job: dict, r: dict) -> dict:
     per = (lambda ms: round(ms / pairs, 2)) if pairs else (lambda ms: "")
     return {
         "case": job["case"],
+        "tree": job["tree"],
+        "round": job.get("round", 1),
         "encoding": job["encoding"],
         "pipeline": job["pipeline"] + (" (long)" if job.get("long") else "") + _knobs(job),
         "dtype": job["dtype"],
@@ -348,13 +423,67 @@ def _knobs(job: dict) -> str:
 
 def add_ratios(rows: list[dict]) -> None:
     bare = {}
-    for r in rows:
-        if r["pipeline"] == "bare" and isinstance(r["pairs_per_s"], int):
+    for r in rows:  # the bare read of this checkout's shards
+        if r["pipeline"] == "bare" and isinstance(r["pairs_per_s"], int) and r["tree"] == "here":
             bare.setdefault((r["case"], r["encoding"], r["BFC"]), []).append(r["pairs_per_s"])
     for r in rows:
         rates = bare.get((r["case"], r["encoding"], r["BFC"]))
         if rates and isinstance(r["pairs_per_s"], int):
             r["vs_bare"] = round(r["pairs_per_s"] / (sum(rates) / len(rates)), 2)
+
+
+def compared(rows: list[dict], labels: list[str]) -> list[dict]:
+    """Per row and phase (streamed epochs; a cache's build, then its reads): each tree's
+    median pairs/s over rounds (min-max), the median of the per-round ratios here / other,
+    each tree's median against the bare read, and each tree's largest peak RSS."""
+    groups: dict[tuple, dict[str, dict[int, list]]] = {}
+    for r in rows:
+        if not isinstance(r["pairs_per_s"], int):
+            continue
+        phase = "build" if r["pipeline"] == "cached" and r["epoch"] == 1 else "read"
+        key = (r["case"], r["encoding"], r["pipeline"], r["dtype"], r["BFC"], phase)
+        rounds = groups.setdefault(key, {}).setdefault(r["tree"], {})
+        rounds.setdefault(r["round"], []).append((r["pairs_per_s"], r["peak_rss_MiB"]))
+    bare = {k[:2] + k[4:5]: v for k, v in groups.items() if k[2] == "bare"}
+    out = []
+    for key, trees in groups.items():
+        case, encoding, pipeline, dtype, bfc, phase = key
+        per_round = {t: {n: statistics.mean(p for p, _ in v) for n, v in rs.items()}
+                     for t, rs in trees.items()}  # fmt: skip
+        bare_rate = _median((bare.get((case, encoding, bfc)) or {}).get("here", {}), 0)
+        name = f"{pipeline} {dtype}" + (f" ({phase})" if pipeline == "cached" else "")
+        line = {"case": case, "encoding": encoding, "BFC": bfc, "row": name}
+        for tree in ("here", *labels):
+            rates = per_round.get(tree, {})
+            line[f"{tree} pairs/s"] = _spread(list(rates.values()))
+            line[f"{tree} vs bare"] = (
+                round(statistics.median(rates.values()) / bare_rate, 2)
+                if rates and bare_rate
+                else ""
+            )
+            peaks = [p for v in trees.get(tree, {}).values() for _, p in v if p != ""]
+            line[f"{tree} peak RSS MiB"] = max(peaks) if peaks else ""
+        here = per_round.get("here", {})
+        for label in labels:
+            other = per_round.get(label, {})
+            ratios = [here[n] / other[n] for n in here if n in other and other[n]]
+            line[f"here / {label}"] = _spread(ratios, digits=2)
+        out.append(line)
+    return out
+
+
+def _median(by_round: dict, default: float) -> float:
+    rates = [statistics.mean(p for p, _ in v) for v in by_round.values()]
+    return statistics.median(rates) if rates else default
+
+
+def _spread(values: list[float], digits: int = 0) -> str:
+    """median (min-max), or "" for none."""
+    if not values:
+        return ""
+    fmt = (lambda v: f"{v:.{digits}f}") if digits else (lambda v: f"{round(v)}")
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return fmt(mid) + (f" ({fmt(low)}-{fmt(high)})" if len(values) > 1 else "")
 
 
 # ---------------------------------------------------------------- child: one reader
@@ -377,7 +506,12 @@ def dataset(job: dict):
     batch, ram_budget = knobs.pop("batch", batch), knobs.pop("ram_budget", None)
     options = tfshards.ReadOptions(**knobs) if knobs else None
     ds = tfshards.read(
-        job["shards"], batch_size=batch, image_dtype=job["dtype"], cache=cache, options=options
+        job["shards"],
+        batch_size=batch,
+        image_dtype=job["dtype"],
+        cache=cache,
+        options=options,
+        seed=0,
     )
     if ram_budget:  # what a user can set on the dataset read() returns
         import tensorflow as tf
@@ -389,6 +523,9 @@ def dataset(job: dict):
 
 
 def child(job: dict) -> None:
+    import tfshards
+
+    print("TREE " + tfshards.__file__, flush=True)  # the parent checks which tree ran
     ds = dataset(job)
     for epoch in range(1, job["epochs"] + 1):
         if job["evict_each_epoch"]:

@@ -156,14 +156,11 @@ def test_uint8_and_memory_cache(dataset):
 def test_float_images_are_value_over_255_bit_for_bit(dataset):
     import tensorflow as tf
 
-    from tfshards.readers.decode import float_image_into, to_float_image
+    from tfshards.readers.decode import to_float_image
 
     every = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
     expected = every.astype(np.float32) * np.float32(1.0 / 255.0)
     assert np.array_equal(to_float_image(tf.constant(every)).numpy(), expected)
-    in_numpy = np.full(every.shape, np.nan, np.float32)
-    float_image_into(every, in_numpy)  # the ordered reader's conversion of large batches
-    assert np.array_equal(in_numpy, expected)
     as_float = tfshards.read(dataset, batch_size=4, shuffle=False)
     as_uint8 = tfshards.read(dataset, batch_size=4, shuffle=False, image_dtype="uint8")
     for (f, _), (u, _) in zip(as_float, as_uint8, strict=True):
@@ -171,18 +168,11 @@ def test_float_images_are_value_over_255_bit_for_bit(dataset):
         assert np.array_equal(f.numpy(), u.numpy().astype(np.float32) * np.float32(1 / 255))
 
 
-@pytest.mark.parametrize("recycled_floats", [True, False])
 @pytest.mark.parametrize("cache", [False, "memory"])
-def test_float_batches_held_at_once_keep_their_pixels(dataset, cache, recycled_floats, monkeypatch):
-    """int32 masks, and float32 images when a batch of them is large (forced here), are
-    delivered in recycled arrays: a batch still held must never be overwritten by a
-    later one."""
-    from tfshards.readers import recycled
-
-    if recycled_floats:
-        monkeypatch.setattr(recycled, "MALLOC_MMAP_THRESHOLD_MAX", 0)
+def test_float_batches_held_at_once_keep_their_pixels(dataset, cache):
+    """int32 masks are delivered in recycled arrays: a batch still held must never be
+    overwritten by a later one, with float32 images or uint8."""
     as_float = tfshards.read(dataset, batch_size=4, seed=3, cache=cache)
-    assert (as_float._tfshards_reader.image_buffers is not None) == recycled_floats
     as_uint8 = tfshards.read(dataset, batch_size=4, seed=3, cache=cache, image_dtype="uint8")
     for _ in range(2):  # the second epoch of a cache reads from the store
         held, held_uint8 = list(as_float), list(as_uint8)

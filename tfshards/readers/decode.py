@@ -263,9 +263,7 @@ def _spec(names: tuple[str, ...]) -> dict:
 def finisher(
     shards: SplitShards, image_dtype: str, augment: Augment | None, one_hot: bool
 ) -> Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
-    """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot. Images
-    already float32 (the ordered reader converts large batches itself) are left as they
-    are."""
+    """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot."""
     encode = one_hot_encoder(shards) if one_hot else None
 
     def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -492,15 +490,6 @@ def to_float_image(image: tf.Tensor) -> tf.Tensor:
         mode="MIN_COMBINED",
         dtype=tf.float32,
     )
-
-
-def float_image_into(image: np.ndarray, out: np.ndarray) -> None:
-    """:func:`to_float_image` in NumPy, written into ``out`` (float32 of the same shape):
-    the same floats, bit for bit (tested over all 256 values)."""
-    np.multiply(image, _ONE_OVER_255, out=out, dtype=np.float32)
-
-
-_ONE_OVER_255 = np.float32(1.0 / 255.0)
 
 
 def _num_classes(shards: SplitShards) -> int:

@@ -16,7 +16,6 @@ state to resume from is a few numbers (``ReadState``).
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -26,9 +25,7 @@ from operator import attrgetter
 import numpy as np
 import tensorflow as tf
 
-from tfshards.readers import recycled
 from tfshards.readers.cache.store import PairStore
-from tfshards.readers.decode import float_image_into
 from tfshards.readers.exit_guard import guarded
 from tfshards.readers.order import BatchSchedule, EpochOrder
 from tfshards.readers.recycled import RecycledArrays
@@ -75,7 +72,6 @@ class OrderedReader:
     shape: tuple[int, int, int]
     identity: dict  # what a saved state must match (see resume.py)
     mask_buffers: RecycledArrays  # the int32 masks fetch delivers
-    image_buffers: RecycledArrays | None  # float32 images made by ``floats``; None: by TF
     downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
     pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
 
@@ -104,15 +100,6 @@ class OrderedReader:
         height, width, channels = self.shape
         empty = np.zeros((0, height, width, channels), np.uint8)
         return indices, records, False, empty, np.zeros((0, height, width, 1), np.int32)
-
-    def floats(self, images: tf.Tensor) -> tf.Tensor:
-        """py_function body: a batch's uint8 images as float32, in a recycled array (the
-        finishing conversion then skips them). Made here, after the fetch's parallel map,
-        so as many float batches are held as when TensorFlow converted them."""
-        pixels = images.numpy()
-        out = self.image_buffers.take(len(pixels))
-        float_image_into(pixels, out)
-        return _shared(out)
 
     def _wide(self, masks: np.ndarray) -> tf.Tensor:
         """uint8 masks as the int32 tensor read() delivers, in a recycled array (see
@@ -232,13 +219,9 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
     finish = finishing.finish
     if finishing.per_pair_augment:  # a function of one pair: mapped over the batch
         finish = _per_pair(finish, plan.shape)
-    floats = None if reader.image_buffers is None else _body(reader, "floats")
-
     index, count = plan.pipeline
 
     def finished(step, image, mask):
-        if floats is not None:
-            image = tf.ensure_shape(tf.py_function(floats, [image], tf.float32), image.shape)
         image, mask = finish(image, mask)
         if finishing.layer is not None:
             # The layer's draws are seeded by the batch's place among all pipelines'
@@ -289,28 +272,20 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         plan.shape,
         identity,
         # Rows of the largest batch: a batch_size beyond the split allocates no more.
-        *delivered_buffers(plan, min(schedule.batch_size, shards.records)),
+        delivered_masks(plan, min(schedule.batch_size, shards.records)),
         0 if local else plan.options.download_ahead,
         pixels,
     )
 
 
-def delivered_buffers(plan, batch_size: int) -> tuple[RecycledArrays, RecycledArrays | None]:
-    """Recycled arrays for the int32 masks fetch delivers, and for float32 images when
-    read() delivers float32, no per-pair augment needs them uint8, and a batch of them
-    is mapped afresh by malloc each time (at 256x256, 24 MiB, TensorFlow's conversion
-    reused heap memory and cost 0.02-0.04 ms less CPU per pair than ours). A 512x512
-    float32 batch of 32 is 96 MiB: one kept spare (two measured no better)."""
-    height, width, channels = plan.shape
-    masks = RecycledArrays((batch_size, height, width, 1), np.int32)
-    finishing = plan.finishing
-    shape = (batch_size, height, width, channels)
-    floats = (
-        finishing.image_dtype == "float32"
-        and not finishing.per_pair_augment
-        and np.float32().itemsize * math.prod(shape) >= recycled.MALLOC_MMAP_THRESHOLD_MAX
-    )
-    return masks, RecycledArrays(shape, np.float32, spare=1) if floats else None
+def delivered_masks(plan, batch_size: int) -> RecycledArrays:
+    """Recycled arrays for the int32 masks fetch delivers. float32 images are not made
+    here: TensorFlow's conversion in the finishing map (``to_float_image``) took less
+    CPU per pair, and at 512x512 in a 2 GiB cgroup streamed 1.05-1.42x faster, than
+    one NumPy multiply per batch into recycled arrays (benchmarks/README.md, issue 44;
+    the same multiply split over two threads was slower still)."""
+    height, width, _ = plan.shape
+    return RecycledArrays((batch_size, height, width, 1), np.int32)
 
 
 def batch_decoder(decoder):

@@ -4,10 +4,9 @@ A 512x512 batch of 32 int32 masks is 32 MiB, over glibc's largest mmap threshold
 made anew for every batch (TensorFlow's cast), its pages were faulted in and zeroed
 each time, and under a memory limit each fault first reclaimed page cache (in the
 2 GiB cgroup of ``benchmarks/larger_than_ram.py`` the cast was 43% of the stream's CPU,
-``perf``). The batch's 96 MiB of float32 images (TensorFlow's ``Dequantize``) cost the
-same way: 2.4-3.0 ms of system CPU per pair. An array from here reaches TensorFlow as a
-view (by DLPack, no copy); when TensorFlow frees the tensor the view dies, and its
-memory is kept for a later batch.
+``perf``). An array from here reaches TensorFlow as a view (by DLPack, no copy); when
+TensorFlow frees the tensor the view dies, and its memory is kept for a later batch.
+float32 images are left to TensorFlow's conversion (``ordered.delivered_masks`` says why).
 """
 
 from __future__ import annotations
@@ -18,10 +17,6 @@ from collections import deque
 import numpy as np
 
 from tfshards.sources.pixel_batches import aligned_empty
-
-# glibc's largest dynamic mmap threshold (64-bit): a block at least this large is mapped
-# for each allocation and unmapped when freed, so its pages are faulted in every time.
-MALLOC_MMAP_THRESHOLD_MAX = 32 * 2**20
 
 
 class RecycledArrays:
