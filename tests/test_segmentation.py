@@ -266,7 +266,6 @@ print("jax ok")
 
 
 def test_fills_and_pipelines_under_the_jax_backend(tmp_path):
-    pytest.importorskip("jax")
     shards = same_pairs_dataset(tmp_path)
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     run = subprocess.run([sys.executable, "-c", JAX_FILLS, str(shards), str(LEVEL)], env=env,
