@@ -1,0 +1,313 @@
+"""The per-record table: what each record of a split holds, known without decoding it.
+
+One row per record, in the split's manifest order (shard by shard, record by record):
+
+    key               the pair's key
+    height, width     the record's size in pixels
+    ignored pixels    mask pixels at the manifest's ignore_label
+    class entries     for each class present: (class, pixel count, cells), where ``cells``
+                      is a 16-bit mask of the GRID x GRID cells of the record in which the
+                      class appears (bit ``row * GRID + column``), enough to centre a crop
+                      on the class
+
+Class entries are stored sparsely (compressed sparse rows): a record with 4 classes of 20
+costs 4 entries, not 20 counts, so 10M records fit in well under 1 GB. Integer columns take
+the smallest unsigned type that holds their values.
+
+File layout (``<split>.records``, written beside the shards, listed in the manifest with
+its sha256): the magic line ``tfshards-records 1\\n``, a little-endian uint32 header length,
+a UTF-8 JSON header ``{"records", "num_classes", "grid", "columns": [{"name", "dtype",
+"length"}]}``, then each column's bytes in header order. No timestamps and no padding:
+the same records give the same bytes on every runner.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfshards.errors import TfshardsError
+
+GRID = 4  # cells per side of a record in which each class's presence is kept
+MAGIC = b"tfshards-records 1\n"
+_CODEC = ("utf-8", "surrogatepass")
+_COLUMNS = (
+    "key_ends",
+    "key_bytes",
+    "heights",
+    "widths",
+    "ignored_pixels",
+    "class_ends",
+    "class_ids",
+    "class_counts",
+    "class_cells",
+)
+
+
+class RecordTableError(TfshardsError):
+    """A per-record table that cannot be read, or that disagrees with its dataset."""
+
+
+def smallest_unsigned(values: np.ndarray) -> np.ndarray:
+    """``values`` in the smallest unsigned integer type that holds them all."""
+    values = np.asarray(values)
+    top = int(values.max()) if values.size else 0
+    for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if top <= np.iinfo(dtype).max:
+            return values.astype(dtype)
+    raise ValueError(f"value {top} does not fit 64 bits")
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """One record's entry: built by the converter from the mask it writes."""
+
+    key: str
+    height: int
+    width: int
+    ignored_pixels: int
+    class_ids: np.ndarray  # classes present, ascending
+    class_counts: np.ndarray  # pixels of each
+    class_cells: np.ndarray  # GRID x GRID presence bits of each
+
+
+def record_row(key: str, mask: np.ndarray, ignore_label: int | None) -> RecordRow:
+    """The table's row of one mask (class indices, ``ignore_label`` pixels counted apart)."""
+    mask = np.asarray(mask)
+    if mask.ndim == 3:
+        mask = mask[..., 0]
+    height, width = mask.shape
+    counts = np.bincount(mask.ravel(), minlength=1)
+    ignored = 0
+    if ignore_label is not None and ignore_label < len(counts):
+        ignored = int(counts[ignore_label])
+        counts[ignore_label] = 0
+    ids = np.flatnonzero(counts)
+    return RecordRow(key, height, width, ignored, ids, counts[ids], _cells(mask, ids))
+
+
+def _cells(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """For each class in ``ids``, the bits of the grid cells where it appears."""
+    height, width = mask.shape
+    rows = np.minimum(np.arange(height) * GRID // max(height, 1), GRID - 1)
+    columns = np.minimum(np.arange(width) * GRID // max(width, 1), GRID - 1)
+    cell = (rows[:, None] * GRID + columns[None, :]).ravel()
+    seen = np.zeros((int(mask.max(initial=0)) + 1, GRID * GRID), bool)
+    seen[mask.ravel().astype(np.int64), cell] = True
+    bits = (seen[ids] * (1 << np.arange(GRID * GRID))).sum(axis=1)
+    return bits.astype(np.uint16)
+
+
+class Keys(Sequence[str]):
+    """The records' keys, stored as one UTF-8 buffer and where each key ends."""
+
+    def __init__(self, ends: np.ndarray, data: np.ndarray) -> None:
+        self._ends, self._data = ends, data
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index):  # noqa: ANN001 - int or slice, as a Sequence takes
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = range(len(self))[index]
+        start = int(self._ends[index - 1]) if index else 0
+        return self._data[start : int(self._ends[index])].tobytes().decode(*_CODEC)
+
+    def __iter__(self) -> Iterator[str]:
+        data, start = self._data.tobytes(), 0
+        for end in self._ends.tolist():
+            yield data[start:end].decode(*_CODEC)
+            start = end
+
+    def positions(self, keys: Iterable[str]) -> np.ndarray:
+        """Indices of ``keys`` in this table, in the order given; unknown keys are named."""
+        wanted = list(keys)
+        where = {key: None for key in wanted}
+        for index, key in enumerate(self):
+            if key in where:
+                where[key] = index
+        missing = [key for key, index in where.items() if index is None]
+        if missing:
+            shown = ", ".join(repr(key) for key in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise RecordTableError(f"{len(missing)} keys are not in this split: {shown}{more}")
+        return np.array([where[key] for key in wanted], np.int64)
+
+
+class ClassPixels:
+    """Pixels of each class in each record, indexed like a ``[records, classes]`` array."""
+
+    def __init__(self, table: RecordTable) -> None:
+        self._table = table
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self._table), self._table.num_classes)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:  # noqa: ANN001 - NumPy's protocol
+        dense = np.zeros(self.shape, np.int64)
+        table = self._table
+        dense[table.entry_records(), table.class_ids.astype(np.int64)] = table.class_counts
+        return dense if dtype is None else dense.astype(dtype)
+
+    def __getitem__(self, index) -> np.ndarray:  # noqa: ANN001 - any NumPy index
+        if isinstance(index, tuple) and len(index) == 2 and isinstance(index[1], int | np.integer):
+            return self.column(int(index[1]))[index[0]]
+        return np.asarray(self)[index]
+
+    def column(self, klass: int) -> np.ndarray:
+        """Pixels of class ``klass`` in every record (int64 [records])."""
+        table = self._table
+        out = np.zeros(len(table), np.int64)
+        hit = table.class_ids == klass
+        out[table.entry_records()[hit]] = table.class_counts[hit]
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class RecordTable:
+    """A split's per-record table (see the module docstring); ``tfshards.records()`` loads it."""
+
+    key_ends: np.ndarray
+    key_bytes: np.ndarray
+    heights: np.ndarray
+    widths: np.ndarray
+    ignored_pixels: np.ndarray
+    class_ends: np.ndarray  # class entries of record i: [class_ends[i-1], class_ends[i])
+    class_ids: np.ndarray
+    class_counts: np.ndarray
+    class_cells: np.ndarray
+    num_classes: int
+    grid: int = GRID
+
+    def __post_init__(self) -> None:
+        records = len(self.key_ends)
+        for name in ("heights", "widths", "ignored_pixels", "class_ends"):
+            if len(getattr(self, name)) != records:
+                raise RecordTableError(
+                    f"column {name} has {len(getattr(self, name))} rows, not {records}"
+                )
+        entries = int(self.class_ends[-1]) if records else 0
+        for name in ("class_ids", "class_counts", "class_cells"):
+            if len(getattr(self, name)) != entries:
+                raise RecordTableError(
+                    f"column {name} has {len(getattr(self, name))} entries, not {entries}"
+                )
+        if entries and int(self.class_ids.max()) >= self.num_classes:
+            raise RecordTableError(f"a class id is >= num_classes={self.num_classes}")
+
+    def __len__(self) -> int:
+        return len(self.key_ends)
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.key_ends, self.key_bytes)
+
+    @property
+    def class_pixels(self) -> ClassPixels:
+        return ClassPixels(self)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the table's columns take in memory."""
+        return sum(getattr(self, name).nbytes for name in _COLUMNS)
+
+    def entry_records(self) -> np.ndarray:
+        """The record of every class entry (int64 [entries])."""
+        per_record = np.diff(self.class_ends.astype(np.int64), prepend=0)
+        return np.repeat(np.arange(len(self), dtype=np.int64), per_record)
+
+    def presence(self, klass: int) -> np.ndarray:
+        """bool [records]: which records hold pixels of class ``klass``."""
+        out = np.zeros(len(self), bool)
+        out[self.entry_records()[self.class_ids == klass]] = True
+        return out
+
+    def records_with(self, klass: int) -> np.ndarray:
+        """Indices of the records that hold class ``klass``, ascending."""
+        return np.unique(self.entry_records()[self.class_ids == klass])
+
+    def cells(self, record: int, klass: int) -> int:
+        """GRID x GRID presence bits of class ``klass`` in record ``record`` (0: absent)."""
+        start = int(self.class_ends[record - 1]) if record else 0
+        ids = self.class_ids[start : int(self.class_ends[record])]
+        hit = np.flatnonzero(ids == klass)
+        return int(self.class_cells[start + hit[0]]) if hit.size else 0
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[RecordRow], num_classes: int) -> RecordTable:
+        rows = list(rows)
+        keys = [row.key.encode(*_CODEC) for row in rows]
+        lengths = np.array([len(key) for key in keys], np.int64)
+        per_record = np.array([len(row.class_ids) for row in rows], np.int64)
+
+        def joined(name: str) -> np.ndarray:
+            parts = [getattr(row, name) for row in rows]
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+        return cls(
+            key_ends=smallest_unsigned(np.cumsum(lengths)),
+            key_bytes=np.frombuffer(b"".join(keys), np.uint8),
+            heights=smallest_unsigned(np.array([row.height for row in rows], np.int64)),
+            widths=smallest_unsigned(np.array([row.width for row in rows], np.int64)),
+            ignored_pixels=smallest_unsigned(
+                np.array([row.ignored_pixels for row in rows], np.int64)
+            ),
+            class_ends=smallest_unsigned(np.cumsum(per_record)),
+            class_ids=smallest_unsigned(joined("class_ids")),
+            class_counts=smallest_unsigned(joined("class_counts")),
+            class_cells=joined("class_cells").astype(np.uint16),
+            num_classes=num_classes,
+        )
+
+    def to_bytes(self) -> bytes:
+        columns = [(name, np.ascontiguousarray(getattr(self, name))) for name in _COLUMNS]
+        header = {
+            "records": len(self),
+            "num_classes": self.num_classes,
+            "grid": self.grid,
+            "columns": [
+                {"name": n, "dtype": a.dtype.newbyteorder("<").str, "length": len(a)}
+                for n, a in columns
+            ],
+        }
+        text = json.dumps(header, sort_keys=True).encode()
+        body = b"".join(a.astype(a.dtype.newbyteorder("<")).tobytes() for _, a in columns)
+        return MAGIC + struct.pack("<I", len(text)) + text + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str) -> RecordTable:
+        try:
+            return _parsed(data)
+        except (ValueError, KeyError, TypeError, struct.error, RecordTableError) as exc:
+            raise RecordTableError(f"{where}: not a readable per-record table ({exc})") from exc
+
+
+def _parsed(data: bytes) -> RecordTable:
+    if not data.startswith(MAGIC):
+        raise ValueError("it does not start with the table's magic line")
+    (length,) = struct.unpack_from("<I", data, len(MAGIC))
+    start = len(MAGIC) + 4
+    header = json.loads(data[start : start + length])
+    offset, columns = start + length, {}
+    for column in header["columns"]:
+        dtype = np.dtype(column["dtype"])
+        size = dtype.itemsize * int(column["length"])
+        if offset + size > len(data):
+            raise ValueError(f"column {column['name']} is cut short")
+        columns[column["name"]] = np.frombuffer(data, dtype, int(column["length"]), offset)
+        offset += size
+    if offset != len(data):
+        raise ValueError(f"{len(data) - offset} bytes follow the last column")
+    missing = set(_COLUMNS) - set(columns)
+    if missing:
+        raise ValueError(f"columns missing: {sorted(missing)}")
+    return RecordTable(**columns, num_classes=int(header["num_classes"]), grid=header["grid"])
