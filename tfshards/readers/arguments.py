@@ -132,7 +132,7 @@ def batches_per_epoch(plan) -> int:
     index, count = plan.pipeline
     batching = plan.batching
     schedule = BatchSchedule(
-        plan.shards.records, batching.size, count, index, batching.drop_remainder
+        plan.epoch_records, batching.size, count, index, batching.drop_remainder
     )
     return schedule.batches_per_epoch
 
@@ -142,8 +142,10 @@ def check_batches(plan) -> None:
     zero inside the iterator): refused when the split is smaller than one batch."""
     if batches_per_epoch(plan) > 0:
         return
-    records, size = plan.shards.records, plan.batching.size
+    records, size = plan.epoch_records, plan.batching.size
     split = f"split {plan.shards.split!r} of {plan.shards.root}"
+    if plan.selection is not None:
+        split = f"epoch of {split} (records=, sampling=, epoch_size=)"
     index, count = plan.pipeline
     if count > 1 and plan.ordered:
         raise OptionsError(

@@ -53,6 +53,18 @@ class EpochOrder:
         """Global record indices (manifest order) of epoch ``epoch``, in reading order."""
         return _epoch_records(self, int(epoch))
 
+    def record_groups(self, epoch: int) -> np.ndarray:
+        """The place, in epoch ``epoch``'s reading order, of each record's shard group
+        (int32 [records]); all 0 when not shuffled. Sampled epochs (sampling.py) read
+        their records group by group in this order."""
+        counts = np.asarray(self.shard_records, np.int64)
+        if not self.shuffle:
+            return np.zeros(int(counts.sum()), np.int32)
+        shards = _shard_order(self, int(epoch))
+        group_of_shard = np.empty(len(counts), np.int32)
+        group_of_shard[shards] = np.arange(len(counts)) // self.group_shards
+        return np.repeat(group_of_shard, counts)
+
 
 @lru_cache(maxsize=4)
 def _epoch_records(order: EpochOrder, epoch: int) -> np.ndarray:
@@ -60,7 +72,7 @@ def _epoch_records(order: EpochOrder, epoch: int) -> np.ndarray:
     if not order.shuffle:
         return np.arange(counts.sum(), dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rng = np.random.Generator(np.random.PCG64([order.seed, epoch]))
+    rng = _generator(order, epoch)
     shards = rng.permutation(len(counts))
     groups = []
     for start in range(0, len(shards), order.group_shards):
@@ -70,6 +82,15 @@ def _epoch_records(order: EpochOrder, epoch: int) -> np.ndarray:
     result = np.concatenate(groups).astype(np.int64)
     result.flags.writeable = False
     return result
+
+
+def _generator(order: EpochOrder, epoch: int) -> np.random.Generator:
+    """The epoch's generator: its first draw is the shards' order, then each group's."""
+    return np.random.Generator(np.random.PCG64([order.seed, epoch]))
+
+
+def _shard_order(order: EpochOrder, epoch: int) -> np.ndarray:
+    return _generator(order, epoch).permutation(len(order.shard_records))
 
 
 def group_shards(shard_bytes: list[int], cycle_length: int | None, *, remote: bool = False) -> int:

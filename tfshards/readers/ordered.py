@@ -29,6 +29,7 @@ from tfshards.readers.cache.store import PairStore
 from tfshards.readers.exit_guard import guarded
 from tfshards.readers.order import BatchSchedule, EpochOrder
 from tfshards.readers.recycled import RecycledArrays
+from tfshards.readers.sampling import SampledOrder
 from tfshards.sources.pixel_batches import PixelBatches, batches_of
 from tfshards.sources.records import SplitRecords
 
@@ -64,7 +65,7 @@ class Cursor:
 class OrderedReader:
     """What one ordered ``read()`` call reads, and where its iterations start."""
 
-    order: EpochOrder
+    order: EpochOrder | SampledOrder
     schedule: BatchSchedule
     records: SplitRecords
     store: PairStore | None
@@ -74,6 +75,7 @@ class OrderedReader:
     mask_buffers: RecycledArrays  # the int32 masks fetch delivers
     downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
     pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
+    store_rows: np.ndarray | None = None  # a sampled read's store row of each record
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -86,7 +88,7 @@ class OrderedReader:
         indices = self.batch_indices(int(step))
         store = self.store
         if store is not None and store.ready:
-            images, masks = store.read(indices)
+            images, masks = store.read(self.rows(indices))
             return indices, NO_RECORDS, True, _shared(images), self._wide(masks)
         if self.pixels is not None:
             located = self.records.located
@@ -94,12 +96,17 @@ class OrderedReader:
                 self.records, indices, lambda k: located(indices[k])
             )
             if store is not None:  # being built: kept before the batch is delivered
-                store.write(indices, images, masks)
+                store.write(self.rows(indices), images, masks)
             return indices, NO_RECORDS, True, _shared(images), self._wide(masks)
         records = self.records.read(indices)
         height, width, channels = self.shape
         empty = np.zeros((0, height, width, channels), np.uint8)
         return indices, records, False, empty, np.zeros((0, height, width, 1), np.int32)
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """Store rows of records: their indices, or a sampled read's rows (its store holds
+        only the records it can draw)."""
+        return indices if self.store_rows is None else self.store_rows[indices]
 
     def _wide(self, masks: np.ndarray) -> tf.Tensor:
         """uint8 masks as the int32 tensor read() delivers, in a recycled array (see
@@ -116,7 +123,7 @@ class OrderedReader:
     def keep(self, indices, images, masks) -> bool:
         """py_function body: pairs TensorFlow decoded into the store while it is built."""
         if self.store is not None and not self.store.ready:
-            self.store.write(indices.numpy(), images.numpy(), masks.numpy())
+            self.store.write(self.rows(indices.numpy()), images.numpy(), masks.numpy())
         return True
 
 
@@ -251,9 +258,11 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         plan.order_seed,
         plan.group_shards,
     )
+    if plan.selection is not None:
+        order = SampledOrder(order, plan.selection)
     index, count = plan.pipeline
     schedule = BatchSchedule(
-        shards.records, plan.batching.size, count, index, plan.batching.drop_remainder
+        order.size, plan.batching.size, count, index, plan.batching.drop_remainder
     )
     per_iteration = None if plan.repeat else schedule.batches_per_epoch
     identity = read_identity(plan, schedule)
@@ -275,7 +284,18 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         delivered_masks(plan, min(schedule.batch_size, shards.records)),
         0 if local else plan.options.download_ahead,
         pixels,
+        store_rows(plan.selection),
     )
+
+
+def store_rows(selection) -> np.ndarray | None:
+    """A sampled read's store row of each record (-1: never drawn), or None (by index)."""
+    if selection is None or (selection.uniform and selection.subset is None):
+        return None
+    drawable = np.flatnonzero(selection.expected() > 0)
+    rows = np.full(selection.records, -1, np.int64)
+    rows[drawable] = np.arange(len(drawable))
+    return rows
 
 
 def delivered_masks(plan, batch_size: int) -> RecycledArrays:

@@ -11,8 +11,10 @@ Every decision is made once, in a :class:`ReadPlan` (``plan.py``); each stage
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tensorflow as tf
 
 if TYPE_CHECKING:
@@ -26,9 +28,10 @@ from tfshards.readers.cache import DiskCache, default_cache_root
 from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
 from tfshards.readers.options import ReadOptions
-from tfshards.readers.ordered import ordered_dataset
+from tfshards.readers.ordered import ordered_dataset, store_rows
 from tfshards.readers.plan import plan_read
 from tfshards.readers.resume import ReadState
+from tfshards.readers.sampling import ClassBalanced
 from tfshards.readers.source import shard_records
 from tfshards.schemas.manifest import Manifest
 from tfshards.sources.records import dataset_changed, file_identity
@@ -67,6 +70,9 @@ def read(
     service: str | None = None,
     options: ReadOptions | None = None,
     start: tuple[int, int] | ReadState | None = None,
+    records: Sequence[str] | Sequence[int] | np.ndarray | None = None,
+    sampling: Sequence[float] | np.ndarray | ClassBalanced | None = None,
+    epoch_size: int | None = None,
 ) -> tf.data.Dataset:
     """Stream ``(image, mask)`` batches of one split of a converted dataset.
 
@@ -87,6 +93,14 @@ def read(
     pairs are padded, masks with the ignore label, or 255 when none is declared);
     ``pad_to=(h, w)`` or ``batch_size=1`` evaluates at native size; ``image_size``
     resizes every record instead.
+
+    records: read only these records of the split: their keys, a boolean mask over the
+    split's per-record table (``tfshards.records(path, split)``) or indices into it; each
+    once per epoch, shuffled as any epoch. sampling: one weight per record of the table,
+    or ``tfshards.ClassBalanced(...)``: each epoch draws ``epoch_size`` records (default:
+    the records read) by weight or by class, as a function of (seed, epoch). Both are
+    decided from the table before a pixel is read, and resume exactly
+    (docs: "Sampling and subsets").
 
     cache: None streams; "memory" caches in RAM; True caches decoded uint8 pairs on disk
     beside the shards (or in the user cache folder); a path caches there. A disk cache is
@@ -115,6 +129,9 @@ def read(
         input_context=input_context,
         service=service,
         options=options,
+        records=records,
+        sampling=sampling,
+        epoch_size=epoch_size,
     )
     check_batches(plan)
     if plan.ordered:
@@ -133,14 +150,20 @@ def read(
 def pair_store(plan) -> PairStore | None:
     """The ordered path's cache: decoded pairs in RAM, on disk, or none."""
     shards, shape = plan.shards, plan.shape
+    records, subset = shards.records, ""
+    if (rows := store_rows(plan.selection)) is not None:  # only the records it can draw
+        records, subset = int(rows.max()) + 1, plan.selection.digest
     if plan.cache.kind == "memory":
-        return PairStore(shards.records, shape)
+        return PairStore(records, shape)
     if plan.cache.kind != "disk":
         return None
     root = plan.cache.root or default_cache_root(shards.root)
-    cache = DiskCache.for_split(root, shards, shape, (0, 1), files="flat")
-    cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
-    return PairStore(shards.records, shape, cache, unchanged=unchanged_check(plan))
+    cache = DiskCache.for_split(
+        root, shards, shape, (0, 1), files="flat", subset=subset, records=records
+    )
+    stored = shards.manifest.splits[shards.split].bytes * records // max(1, shards.records)
+    cache.prepare(stored_bytes=stored)
+    return PairStore(records, shape, cache, unchanged=unchanged_check(plan))
 
 
 def unchanged_check(plan):

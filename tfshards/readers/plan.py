@@ -38,6 +38,8 @@ from tfshards.readers.options import (
     ordering,
 )
 from tfshards.readers.order import group_shards
+from tfshards.readers.sampling import Selection
+from tfshards.readers.selection import select
 from tfshards.readers.shards import SplitShards, split_shards
 from tfshards.readers.sizing import Sizing
 from tfshards.schemas.format import compression
@@ -111,6 +113,12 @@ class ReadPlan:
     unordered: str | None = None  # why the ordered path does not apply; None: it does
     records: SplitRecords | None = None  # the split's records by index (ordered path)
     group_shards: int = 1  # shards whose records one epoch mixes together (order.py)
+    selection: Selection | None = None  # records=, sampling=, epoch_size= (sampling.py)
+
+    @property
+    def epoch_records(self) -> int:
+        """Records of one epoch: the split's, or the selection's epoch size."""
+        return self.shards.records if self.selection is None else self.selection.epoch_size
 
     @property
     def ordered(self) -> bool:
@@ -154,6 +162,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
     unordered = _unordered_because(shards, shape, sizing, a["service"])
+    selection = _selection(path, shards, a, unordered, options)
     if not unordered and pipeline[1] > 1 and cache.kind != "none":
         raise OptionsError(_no_cache_across_pipelines(cache, pipeline[1], shards.records))
     if unordered and pipeline[1] > 1:  # these paths share the shards out by file
@@ -175,7 +184,11 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         order=order,
         cache=cache,
         sizing=sizing,
-        batching=Batching(batch_size, a["drop_remainder"], shards.records),
+        batching=Batching(
+            batch_size,
+            a["drop_remainder"],
+            shards.records if selection is None else selection.epoch_size,
+        ),
         finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"], a["seed"]),
         options=options,
         seed=a["seed"],
@@ -188,7 +201,35 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         unordered=unordered,
         records=None if unordered else _split_records(shards, options),
         group_shards=_group_shards(shards, options),
+        selection=selection,
     )
+
+
+def _selection(
+    path: str | os.PathLike,
+    shards: SplitShards,
+    a: dict[str, Any],
+    unordered: str | None,
+    options: ReadOptions,
+) -> Selection | None:
+    """records=, sampling= and epoch_size= resolved against the split's per-record table."""
+    given = [n for n in ("records", "sampling", "epoch_size") if a.get(n) is not None]
+    if not given:
+        return None
+    if unordered is not None:
+        raise OptionsError(
+            f"{'= and '.join(given)}= need a read by index, and this one cannot be: {unordered}"
+        )
+    from tfshards.sources.record_tables import split_table
+
+    table = split_table(shards, storage_options=options.storage_options)
+    if len(table) != shards.records:
+        raise OptionsError(
+            f"the per-record table of split {shards.split!r} of {shards.root} has "
+            f"{len(table)} rows but the split holds {shards.records} records: it belongs "
+            "to another conversion; run `tfshards verify` on the dataset"
+        )
+    return select(table, a.get("records"), a.get("sampling"), a.get("epoch_size"))
 
 
 def _unordered_because(

@@ -21,7 +21,7 @@ from tfshards.readers.shard_cache import shard_cache_key
 
 STATE_VERSION = 1
 # What the order of an epoch depends on; a state must match a read on each of them.
-ORDER_FIELDS = ("dataset", "split", "records", "seed", "shuffle", "group_shards")
+ORDER_FIELDS = ("dataset", "split", "records", "seed", "shuffle", "group_shards", "sampling")
 LOWEST = {"records": 0, "group_shards": 1, "round_records": 1, "epoch": 0, "records_done": 0}
 
 
@@ -44,6 +44,7 @@ class ReadState:
     epoch: int
     records_done: int
     version: int = STATE_VERSION
+    sampling: str = ""  # digest of records=, sampling=, epoch_size= ("": every record once)
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -115,12 +116,13 @@ def read_identity(plan, schedule: BatchSchedule) -> dict:
     return {
         "dataset": shard_cache_key(plan.shards.manifest),
         "split": plan.shards.split,
-        "records": plan.shards.records,
+        "records": plan.epoch_records,
         "seed": plan.order_seed,
         "shuffle": plan.order.shuffle,
         "group_shards": plan.group_shards,
         "round_records": schedule.round_records,
         "drop_remainder": schedule.drop_remainder,
+        "sampling": plan.selection.digest if plan.selection is not None else "",
     }
 
 

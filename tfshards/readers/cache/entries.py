@@ -95,6 +95,7 @@ def fingerprint(
     pipeline: tuple[int, int],
     files: str,
     shard_sha256s: list[str],
+    subset: str = "",
 ) -> str:
     """An entry's folder name: every fact that changes what it holds, so a stale entry is
     never read (changed shards, options or cache format make another name)."""
@@ -108,6 +109,8 @@ def fingerprint(
         "dtype": "uint8",
         "shards": list(shard_sha256s),
     }
+    if subset:  # a sampled read's records only (readers/sampling.py)
+        body["subset"] = subset
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -84,15 +84,19 @@ class DiskCache:
         shape: Shape,
         pipeline: tuple[int, int],
         files: str = "parts",
+        subset: str = "",
+        records: int | None = None,
     ) -> DiskCache:
         """The entry of a split; ``files`` is "flat" for the ordered reader's store, else
-        "parts" (the per-pair pipeline's layouts); the two never share an entry."""
+        "parts" (the per-pair pipeline's layouts); the two never share an entry. ``subset``:
+        the digest of a sampled read's records (sampling.py), of which its entry holds
+        ``records``."""
         info = CacheInfo(
             str(shards.root),
             shards.split,
             tuple(shape),
             tuple(pipeline),
-            shards.records,
+            shards.records if records is None else records,
             files=files,
         )
         name = fingerprint(
@@ -102,6 +106,7 @@ class DiskCache:
             tuple(pipeline),
             files,
             [shard.sha256 for shard in shards.shards],
+            subset,
         )
         return cls(root / name, info)
 

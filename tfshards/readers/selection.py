@@ -1,0 +1,199 @@
+"""read()'s and Pairs' ``records=``, ``sampling=`` and ``epoch_size=``, checked against the
+per-record table and resolved into a :class:`~tfshards.readers.sampling.Selection`.
+
+Every refusal is an OptionsError naming the argument and what was wrong, raised before
+the first batch: unknown keys (named), an empty subset, weights of the wrong length,
+negative, NaN or all zero, a table of another length than the split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from tfshards.arguments import checked_int
+from tfshards.errors import OptionsError
+from tfshards.readers.sampling import NO_CLASS, ClassBalanced, Selection
+from tfshards.schemas.record_table import RecordTable, RecordTableError
+
+log = logging.getLogger("tfshards")
+
+
+def subset_indices(records: Any, table: RecordTable) -> np.ndarray:
+    """``records=`` (keys, a boolean mask over the table, or record indices) as sorted,
+    distinct record indices."""
+    if isinstance(records, str | bytes):
+        raise OptionsError(
+            f"records= takes a list of keys, a boolean mask or indices, not one string "
+            f"({records!r}); pass [{records!r}] for one key"
+        )
+    values = np.asarray(list(records) if not hasattr(records, "__array__") else records)
+    if values.ndim != 1:
+        raise OptionsError(f"records= must be one-dimensional, got shape {values.shape}")
+    if values.size and values.dtype.kind in "USO":
+        try:
+            indices = table.keys.positions([str(v) for v in values])
+        except RecordTableError as exc:
+            raise OptionsError(f"records=: {exc}") from exc
+    elif values.dtype == bool:
+        if len(values) != len(table):
+            raise OptionsError(
+                f"records= as a boolean mask needs one value per record of the split "
+                f"({len(table)}), got {len(values)}"
+            )
+        indices = np.flatnonzero(values)
+    elif values.dtype.kind in "iu" or not values.size:
+        indices = values.astype(np.int64)
+        bad = indices[(indices < 0) | (indices >= len(table))]
+        if bad.size:
+            raise OptionsError(
+                f"records= holds indices outside the split's {len(table)} records "
+                f"(0..{len(table) - 1}): {bad[:5].tolist()}"
+            )
+    else:
+        raise OptionsError(
+            f"records= takes keys (str), a boolean mask or integer indices; got values of "
+            f"type {values.dtype}"
+        )
+    return _distinct(indices)
+
+
+def _distinct(indices: np.ndarray) -> np.ndarray:
+    if not indices.size:
+        raise OptionsError("records= selects no record: an empty subset has nothing to read")
+    ordered = np.sort(indices)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if repeated.size:
+        raise OptionsError(
+            f"records= names records more than once ({np.unique(repeated)[:5].tolist()}); a "
+            "subset holds each record once: to show records more often, pass sampling= "
+            "weights"
+        )
+    return ordered
+
+
+def checked_weights(sampling: Any, table: RecordTable, kept: np.ndarray) -> np.ndarray:
+    """``sampling=`` weights: one finite weight >= 0 per record, some above 0 in ``kept``."""
+    try:
+        weights = np.asarray(sampling, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise OptionsError(
+            "sampling= takes one weight per record (a sequence of numbers) or "
+            f"tfshards.ClassBalanced(...); got {type(sampling).__name__}"
+        ) from exc
+    if weights.shape != (len(table),):
+        raise OptionsError(
+            f"sampling= needs one weight per record of the split ({len(table)}), got "
+            f"shape {weights.shape}"
+        )
+    for bad, what in ((~np.isfinite(weights), "not finite"), (weights < 0, "negative")):
+        if bad.any():
+            where = np.flatnonzero(bad)[:5].tolist()
+            raise OptionsError(f"sampling= weights are {what} at records {where}")
+    weights = np.where(kept, weights, 0.0)
+    if not weights.any():
+        raise OptionsError(
+            "sampling= weights are all zero over the records read: no record can be drawn"
+        )
+    return weights
+
+
+def select(table: RecordTable, records: Any, sampling: Any, epoch_size: int | None) -> Selection:
+    """The selection an epoch draws from (see sampling.py)."""
+    subset = None if records is None else subset_indices(records, table)
+    kept = np.ones(len(table), bool)
+    if subset is not None:
+        kept[:] = False
+        kept[subset] = True
+    available = len(table) if subset is None else len(subset)
+    size = available if epoch_size is None else checked_int("epoch_size", epoch_size, low=1)
+    common = {"records": len(table), "subset": subset, "epoch_size": size}
+    if isinstance(sampling, ClassBalanced):
+        selection = _balanced(table, kept, sampling, common)
+    elif sampling is not None:
+        selection = Selection(**common, weights=checked_weights(sampling, table, kept))
+    elif epoch_size is not None:
+        selection = Selection(**common, weights=kept.astype(np.float64))
+    else:
+        selection = Selection(**common, weights=None)
+    return _with_digest(selection)
+
+
+def _balanced(
+    table: RecordTable, kept: np.ndarray, balanced: ClassBalanced, common: dict
+) -> Selection:
+    members = class_members(table, kept)
+    ratios = balanced.ratios
+    for klass in sorted(set(ratios) | set(balanced.exclude)):
+        if klass >= table.num_classes:
+            raise OptionsError(
+                f"ClassBalanced names class {klass}, but the dataset has "
+                f"{table.num_classes} classes (0..{table.num_classes - 1})"
+            )
+    drawn = {c: m for c, m in members.items() if c not in balanced.exclude}
+    drawn = {c: m for c, m in drawn.items() if ratios.get(c, 1.0) > 0}
+    if not drawn:
+        raise OptionsError(
+            f"{balanced.describe()} leaves no class to draw for: every class present in the "
+            "records read is excluded or has ratio 0"
+        )
+    if balanced.rule == "class_uniform":
+        total = sum(ratios.get(c, 1.0) for c in drawn)
+        per_class = tuple((c, m, ratios.get(c, 1.0) / total) for c, m in sorted(drawn.items()))
+        return Selection(**common, weights=None, per_class=per_class, balanced=balanced)
+    weights, classes = _repeat_factors(kept, drawn, balanced)
+    return Selection(**common, weights=weights, drawn_class=classes, balanced=balanced)
+
+
+def _repeat_factors(
+    kept: np.ndarray, members: dict[int, np.ndarray], balanced: ClassBalanced
+) -> tuple[np.ndarray, np.ndarray]:
+    """LVIS's factors: each record weighted by the largest factor of its classes, and
+    drawn for that class (records of no drawn class: weight 1, no class)."""
+    available = int(kept.sum())
+    factors = {
+        c: max(1.0, float(np.sqrt(balanced.threshold / (len(m) / available))))
+        * balanced.ratios.get(c, 1.0)
+        for c, m in members.items()
+    }
+    weights = kept.astype(np.float64)
+    classes = np.full(len(kept), NO_CLASS, np.int16)
+    assigned = np.zeros(len(kept), bool)
+    for klass in sorted(factors, key=lambda c: factors[c]):  # largest factor written last
+        m = members[klass]
+        weights[m] = np.where(assigned[m], np.maximum(weights[m], factors[klass]), factors[klass])
+        classes[m] = klass
+        assigned[m] = True
+    return weights, classes
+
+
+def class_members(table: RecordTable, kept: np.ndarray) -> dict[int, np.ndarray]:
+    """Each class present in the kept records: the kept records holding it, ascending."""
+    per_record = np.diff(table.class_ends.astype(np.int64), prepend=0)
+    owner = np.repeat(np.arange(len(table), dtype=np.int32), per_record)
+    by_class = np.argsort(table.class_ids, kind="stable")
+    ids = table.class_ids[by_class]
+    members = {}
+    for klass in np.unique(ids).tolist():
+        lo, hi = np.searchsorted(ids, [klass, klass + 1])
+        records = owner[by_class[lo:hi]].astype(np.int64)
+        records = records[kept[records]]
+        if records.size:
+            members[int(klass)] = records
+    return members
+
+
+def _with_digest(selection: Selection) -> Selection:
+    """The selection with a digest of everything that decides its epochs (resume.py)."""
+    if selection.uniform and selection.subset is None:
+        return selection  # every record once: the state of an ordinary read
+    digest = hashlib.sha256(f"{selection.epoch_size}".encode())
+    for part in (selection.subset, selection.weights):
+        digest.update(b"-" if part is None else np.ascontiguousarray(part).tobytes())
+    if selection.balanced is not None:
+        digest.update(selection.balanced.describe().encode())
+    return replace(selection, digest=digest.hexdigest()[:16])
