@@ -15,6 +15,8 @@ from tfshards.errors import (
     TfshardsError,
 )
 from tfshards.malloc_arenas import cap_malloc_arenas
+from tfshards.readers.folds import folds
+from tfshards.readers.sampling import ClassBalanced
 from tfshards.schemas import Manifest
 
 # Before TensorFlow's threads make their arenas; see malloc_arenas for why and the opt-out.
@@ -59,6 +61,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "ClassBalanced",
     "ConvertOptions",
     "DatasetInfo",
     "Manifest",
@@ -78,6 +81,7 @@ __all__ = [
     "clear_caches",
     "convert",
     "dataset_summary",
+    "folds",
     "info",
     "list_caches",
     "pair_files",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -23,9 +24,11 @@ from tfshards.schemas.record_table import RecordTable, RecordTableError
 log = logging.getLogger("tfshards")
 
 
-def subset_indices(records: Any, table: RecordTable) -> np.ndarray:
-    """``records=`` (keys, a boolean mask over the table, or record indices) as sorted,
-    distinct record indices."""
+def subset_indices(
+    records: Any, length: int, positions: Callable[[list[str]], np.ndarray]
+) -> np.ndarray:
+    """``records=`` (keys, a boolean mask over the split's ``length`` records, or record
+    indices) as sorted, distinct record indices; ``positions`` finds keys (the table's)."""
     if isinstance(records, str | bytes):
         raise OptionsError(
             f"records= takes a list of keys, a boolean mask or indices, not one string "
@@ -36,23 +39,23 @@ def subset_indices(records: Any, table: RecordTable) -> np.ndarray:
         raise OptionsError(f"records= must be one-dimensional, got shape {values.shape}")
     if values.size and values.dtype.kind in "USO":
         try:
-            indices = table.keys.positions([str(v) for v in values])
+            indices = positions([str(v) for v in values])
         except RecordTableError as exc:
             raise OptionsError(f"records=: {exc}") from exc
     elif values.dtype == bool:
-        if len(values) != len(table):
+        if len(values) != length:
             raise OptionsError(
                 f"records= as a boolean mask needs one value per record of the split "
-                f"({len(table)}), got {len(values)}"
+                f"({length}), got {len(values)}"
             )
         indices = np.flatnonzero(values)
     elif values.dtype.kind in "iu" or not values.size:
         indices = values.astype(np.int64)
-        bad = indices[(indices < 0) | (indices >= len(table))]
+        bad = indices[(indices < 0) | (indices >= length)]
         if bad.size:
             raise OptionsError(
-                f"records= holds indices outside the split's {len(table)} records "
-                f"(0..{len(table) - 1}): {bad[:5].tolist()}"
+                f"records= holds indices outside the split's {length} records "
+                f"(0..{length - 1}): {bad[:5].tolist()}"
             )
     else:
         raise OptionsError(
@@ -104,7 +107,9 @@ def checked_weights(sampling: Any, table: RecordTable, kept: np.ndarray) -> np.n
 
 def select(table: RecordTable, records: Any, sampling: Any, epoch_size: int | None) -> Selection:
     """The selection an epoch draws from (see sampling.py)."""
-    subset = None if records is None else subset_indices(records, table)
+    subset = None
+    if records is not None:
+        subset = subset_indices(records, len(table), table.keys.positions)
     kept = np.ones(len(table), bool)
     if subset is not None:
         kept[:] = False

@@ -45,6 +45,9 @@ class Pairs:
     ``transform(image, mask) -> (image, mask)`` runs on every pair, e.g.
     :func:`tfshards.torch_pair` for CHW float tensors; ``with_keys=True`` returns
     ``(image, mask, key)`` triples instead of pairs.
+    ``records``: only these records of the split, as ``read(records=...)`` takes them
+    (keys, a boolean mask or indices); pair ``i`` is then the ``i``-th of them in the
+    manifest's order.
     ``options``: a ``ReadOptions`` whose shard cache settings (``storage_options``,
     ``shard_cache``, ``shard_cache_limit``) apply to a dataset at a URL; its tf.data
     knobs do not apply here. gzip/zlib shards are inflated once into the user cache
@@ -63,6 +66,7 @@ class Pairs:
         transform: Transform | None = None,
         with_keys: bool = False,
         options: ReadOptions | None = None,
+        records: Sequence[str] | Sequence[int] | np.ndarray | None = None,
     ) -> None:
         keep_freed_batches()  # see malloc_arenas.py
         checked_path("path", path)
@@ -84,9 +88,16 @@ class Pairs:
         # Raw or deflate records of one size: a batch decoded into one array (fewer copies).
         where = f"{storage.display(shards.root)} (split {split})"
         self.batches = batches_of(shards.manifest, where)
+        # records=: pair i is record selected[i] of the split (None: record i)
+        self.selected = None if records is None else _selected(records, shards, options)
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.records) if self.selected is None else len(self.selected)
+
+    def record_index(self, index: int) -> int:
+        """The split's record index (manifest order) of pair ``index``."""
+        index = _index(index, len(self))
+        return index if self.selected is None else int(self.selected[index])
 
     def __repr__(self) -> str:
         root = storage.display(self.records.shards.root)
@@ -98,7 +109,7 @@ class Pairs:
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Many pairs at once, read shard by shard in offset order (PyTorch's batched
         fetch: a ``DataLoader`` with a batch sampler calls it once per batch)."""
-        indices = [_index(i, len(self)) for i in indices]
+        indices = [self.record_index(i) for i in indices]
         if self.batches is None:
             data = self.records.read(indices)
             decoded = [self._decoded(i, d) for i, d in zip(indices, data, strict=True)]
@@ -117,13 +128,13 @@ class Pairs:
 
     def key(self, index: int) -> str:
         """The key of pair ``index`` (its relative path without extension)."""
-        index = _index(index, len(self))
+        index = self.record_index(index)
         return self._decoded(index, self.records.read([index])[0])[2]
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Download (a dataset at a URL) or inflate (gzip/zlib) the shards of these pairs
         now, e.g. from a thread, so that reading them later waits for neither."""
-        self.records.prefetch(indices)
+        self.records.prefetch([self.record_index(i) for i in indices])
 
     def close(self) -> None:
         self.records.close()
@@ -145,6 +156,18 @@ class Pairs:
         if self.transform is not None:
             image, mask = self.transform(image, mask)
         return (image, mask, key) if self.with_keys else (image, mask)
+
+
+def _selected(records: Any, shards, options: ReadOptions) -> np.ndarray:
+    """``records=`` as record indices; keys are looked up in the split's per-record table."""
+    from tfshards.readers.selection import subset_indices
+    from tfshards.sources.record_tables import split_table
+
+    def positions(keys: list[str]) -> np.ndarray:
+        table = split_table(shards, storage_options=options.storage_options)
+        return table.keys.positions(keys)
+
+    return subset_indices(records, shards.records, positions)
 
 
 _TEXT_FIELDS = ("key", "image/format", "mask/format")
