@@ -5,6 +5,7 @@ benchmarks/ (what a user runs; one-off studies live in benchmarks/studies/)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,3 +60,23 @@ def test_benchmarks_keep_at_most_7_scripts_at_their_top():
         f"{len(scripts)} scripts at the top of benchmarks/ (at most {MAX_BENCHMARK_SCRIPTS}): "
         f"{scripts}; fold one into another as an option, or move a one-off into studies/"
     )
+
+
+def test_every_benchmark_and_study_is_in_its_readme_table():
+    for folder in (ROOT / "benchmarks", ROOT / "benchmarks" / "studies"):
+        table = (folder / "README.md").read_text()
+        for script in folder.glob("[!_]*.py"):
+            assert f"| `{script.name}` |" in table, f"{script.relative_to(ROOT)} not in its README"
+
+
+def test_benchmark_paths_named_in_docs_and_code_exist():
+    named = re.compile(r"benchmarks/(?:studies/)?\w+\.py")
+    texts = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")]
+    texts += [*(ROOT / "tfshards").rglob("*.py")]
+    missing = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in texts
+        for name in named.findall(path.read_text())
+        if not (ROOT / name).is_file()
+    ]
+    assert not missing, "these name benchmark scripts that do not exist:\n" + "\n".join(missing)
