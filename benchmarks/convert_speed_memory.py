@@ -2,13 +2,18 @@
 
 Compares: each conversion stage's CPU against Pillow's decode of the same files, and
 whole conversions on 1 and 2 cores (optionally against another version, and peak RSS at
-1x and 4x the data).
+1x and 4x the data); with --plan instead, listing + pairing time and the plan's bytes
+per pair at 100,000 and 1,000,000 pairs, optionally against another version.
 Takes: about 10 minutes at --count 600 on 2 cores (the 1 -> 2 worker rows alone took 4
-minutes); --memory adds a few more.
+minutes); --memory adds a few more. --plan: a few minutes for --pairs 100000,1000000
+listed from memory; --tree first writes two million empty files.
 
     python benchmarks/convert_speed_memory.py --count 600 --size 256
     python benchmarks/convert_speed_memory.py --before /tmp/old-tfshards   # side by side
     python benchmarks/convert_speed_memory.py --memory    # also peak RSS at 1x and 4x
+    python benchmarks/convert_speed_memory.py --plan --pairs 100000,1000000
+    python benchmarks/convert_speed_memory.py --plan --pairs 100000 --tree  # empty files in /tmp
+    python benchmarks/convert_speed_memory.py --plan --before /tmp/old-tfshards
 
 Prints Markdown tables, on PNG sources and on JPEG photo sources (both synthetic):
 
@@ -20,6 +25,10 @@ Prints Markdown tables, on PNG sources and on JPEG photo sources (both synthetic
 2. Wall time, pairs/s and CPU ms per pair (all processes) of ``tfshards.convert`` in a
    fresh process pinned to 1 and to 2 cores (``os.sched_setaffinity``) with as many
    workers, for this checkout and, with ``--before``, another version, alternating.
+
+With ``--plan``, only the plan's table (``_plan_memory.py``): listing, pairing, splits
+and the key shuffle of --pairs names, each size in a fresh process, listed from memory
+or (``--tree``) from a tree of empty files.
 
 Page cache: warm (every source file is read once before timing).
 """
@@ -41,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 from _common import markdown_table, peak_rss_of
+from _plan_memory import plan_rows
 from PIL import Image
 
 from tfshards.converters.options import ConvertOptions
@@ -263,7 +273,7 @@ def memory(work: Path, count: int, size: int, encodings: list[str]) -> list[dict
     return rows
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=600, help="pairs per source (default 600)")
     parser.add_argument("--size", type=int, default=256, help="image side (default 256)")
@@ -276,10 +286,31 @@ def main() -> None:
         "workers' start-up weighs less on more pairs",
     )
     parser.add_argument("--memory", action="store_true", help="also peak RSS at 1x and 4x")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="instead of the conversion tables: the plan's listing + pairing time and bytes "
+        "per pair at --pairs (with --before: side by side)",
+    )
+    parser.add_argument(
+        "--pairs", default="100000,1000000", help="--plan: comma list of pair counts"
+    )
+    parser.add_argument("--tree", action="store_true", help="--plan: list real empty files in /tmp")
     args = parser.parse_args()
+    if args.tree and not args.plan:
+        parser.error("--tree goes with --plan")
+    return args
+
+
+def main() -> None:
+    args = _arguments()
     sources = {"this": Path(__file__).resolve().parents[1]}
     if args.before:
         sources = {"before": args.before.resolve(), **sources}
+    if args.plan:
+        counts = [int(c) for c in args.pairs.split(",")]
+        print(markdown_table(plan_rows(sources, counts, args.tree)))
+        return
     print(f"deflate backend: {deflate.BACKEND}; {os.cpu_count()} cores; warm page cache\n")
     stages, scaled = [], []
     with tempfile.TemporaryDirectory(prefix="tfshards-bench-") as tmp:

@@ -47,6 +47,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--report", default="bench", help="local output folder (default ./bench)")
     add_storage_option(p)
+    _add_sweep_options(p)
+    p.set_defaults(run=run_bench, tensorflow=True)
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    """The grid swept, how often each point is timed, and the baseline comparison instead."""
     p.add_argument("--shards", default="1,4,16,64", help="shard counts (default 1,4,16,64)")
     p.add_argument(
         "--encodings",
@@ -84,7 +90,6 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "alternating rounds, pairs/s and CPU ms per pair with spreads, and the ratios "
         "(e.g. tfshards bench --synthetic 2000 --compare-baseline: a few minutes on 2 cores)",
     )
-    p.set_defaults(run=run_bench, tensorflow=True)
 
 
 def _numbers(text: str, name: str) -> tuple[int, ...]:

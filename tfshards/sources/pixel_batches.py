@@ -15,7 +15,7 @@ Why not TensorFlow's ops: turning the records into a ``tf.string`` tensor, parsi
 and ``decode_raw`` copy every pixel byte three more times, about 0.27 ms of CPU per
 256x256 RGB pair in all, against 0.05 here for parsing and the one copy; and
 ``tf.io.decode_compressed`` is zlib, about twice ISA-L's time to inflate
-(``benchmarks/ordered_reader_time.py`` and ``benchmarks/README.md``).
+(``benchmarks/studies/ordered_reader_time.py`` and ``benchmarks/README.md``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
-"""Memory and time of the conversion plan (listing, pairing, splits, shuffle) for many pairs.
+"""``convert_speed_memory.py --plan``: memory and time of the conversion plan (listing,
+pairing, splits, shuffle) for many pairs, each size in a fresh process.
 
-Compares: listing + pairing time and the plan's bytes per pair at 100,000 and 1,000,000
-pairs, optionally against another version.
-Takes: a few minutes for --pairs 100000,1000000 listed from memory; --tree first writes
-two million empty files.
-
-    python benchmarks/plan_memory.py --pairs 100000,1000000
-    python benchmarks/plan_memory.py --pairs 100000 --tree      # real empty files in /tmp
-    python benchmarks/plan_memory.py --pairs 100000 --before /tmp/old-tfshards  # side by side
-
-Each size runs in a fresh process. Pairing only needs names, so by default the two
-folders are listed from memory (the listing function yields synthetic names, as a
-storage layer would); ``--tree`` writes a real tree of empty files (two files per pair)
-and lists it from disk. Prints a Markdown row per size: seconds to list and pair, to
-plan, and bytes per pair: the peak RSS growth of the process (listing included), what
-it holds after planning, and the plan's arrays.
+Pairing only needs names, so by default the two folders are listed from memory (the
+listing function yields synthetic names, as a storage layer would); ``--tree`` writes a
+real tree of empty files (two files per pair) and lists it from disk. A Markdown row per
+size and version: seconds to list and pair, to plan, and bytes per pair: the peak RSS
+growth of the process (listing included), what it holds after planning, and the plan's
+arrays.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-from _common import markdown_table
 
 _CHILD = r"""
 import gc, json, os, sys, time
@@ -101,29 +90,20 @@ def _run(src: Path, images: Path, masks: Path, count: int, tree: bool) -> dict:
     return json.loads(line[len("RESULT ") :])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", default="100000,1000000", help="comma list of pair counts")
-    parser.add_argument("--tree", action="store_true", help="list real empty files in /tmp")
-    parser.add_argument("--before", type=Path, help="another tfshards checkout to compare")
-    args = parser.parse_args()
-    sources = {"this": Path(__file__).resolve().parents[1]}
-    if args.before:
-        sources = {"before": args.before.resolve(), **sources}
+def plan_rows(sources: dict[str, Path], counts: list[int], tree: bool) -> list[dict]:
+    """One row per pair count and tfshards version (``sources``: name -> checkout)."""
     rows = []
-    for count in (int(c) for c in args.pairs.split(",")):
+    for count in counts:
         with tempfile.TemporaryDirectory(prefix="tfshards-plan-") as tmp:
-            if args.tree:
+            if tree:
                 images, masks = _tree(Path(tmp), count)
             else:
                 images, masks = Path(tmp, "images"), Path(tmp, "masks")
                 images.mkdir(), masks.mkdir()
             for name, src in sources.items():
-                rows.append(
-                    _row(name, count, args.tree, _run(src, images, masks, count, args.tree))
-                )
+                rows.append(_row(name, count, tree, _run(src, images, masks, count, tree)))
             shutil.rmtree(tmp, ignore_errors=True)
-    print(markdown_table(rows))
+    return rows
 
 
 def _row(version: str, count: int, tree: bool, got: dict) -> dict:
@@ -138,7 +118,3 @@ def _row(version: str, count: int, tree: bool, got: dict) -> dict:
         "plan_arrays_B_per_pair": round(got["arrays"] / count) if got["arrays"] else "-",
         "shards": got["shards"],
     }
-
-
-if __name__ == "__main__":
-    main()

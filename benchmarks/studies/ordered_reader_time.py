@@ -1,19 +1,36 @@
 """Where the ordered reader's time goes: thread CPU time in each of its Python pieces, per
 pair, beside the process's CPU ms per pair, for one path per run.
 
+A one-off study, kept for the decisions it backs (rerun it when those pieces change):
+Decision: raw and deflate records of the size read are parsed and copied or inflated into
+one batch array inside the fetch call (sources/pixel_batches.py) instead of reaching
+TensorFlow as a ``tf.string`` tensor to parse and decode; a building disk cache writes
+its pairs with ``os.pwrite`` instead of through a fresh memory map.
+Run: 2026-12-04, over the 2,000 256x256 pairs of read_throughput.py's before/after run,
+the machine loaded by other runs (only the CPU columns mean anything).
+Recorded result: raw stream uint8, 0.41-0.49 ms of process CPU per pair, of which the
+fetch call 0.09-0.14; timed alone, records.read 0.165 ms per pair and ``tf.constant`` of
+the 32 returned ``bytes`` objects 0.142, as much as the whole read, both under the GIL.
+The cache-building epoch (deflate, uint8) 2.03 ms per pair, of which the cache write
+through a memory map 0.41. Cached epochs: the gather 0.15-0.19 of 0.38-0.45 (uint8).
+Raw output: benchmarks/results/read_before_after_ordered.md (its last section); the
+tables in benchmarks/README.md, "Where the time goes in the ordered reader" and "The
+cache write after the table above".
+
 Compares: the reader's Python pieces (batch read, pread + CRC, cache gather, cache
 write) with the whole process's CPU per pair.
 Takes: about a minute per path at 2000 pairs of 256x256.
 
     python benchmarks/read_throughput.py --count 2000 --size 256 --reuse /tmp/rt
-    python benchmarks/ordered_reader_time.py /tmp/rt raw_stream_uint8
+    python benchmarks/studies/ordered_reader_time.py /tmp/rt raw_stream_uint8
 
 Paths: raw_stream_uint8, deflate_stream_uint8 (streams of the raw and deflate
 conversions that read_throughput.py --reuse leaves in the folder), cached_uint8 and
 cached_float32 (a disk cache of the deflate conversion in FOLDER/profile-cache: built by
 the first cached run, whose building epoch is printed too). Each: one warm-up epoch,
 then 3 timed epochs. The pieces are wrapped with time.thread_time (the CPU of the thread
-that runs them, i.e. the py_function bodies): Cursor.step, OrderedReader.fetch (the per-
+that runs them, i.e. the py_function bodies): Cursor.step (per batch until Cursor.begin,
+once per iteration, replaced it; skipped where absent), OrderedReader.fetch (the per-
 batch read and decode), SplitRecords.read and read_record (pread + CRC checks),
 PairStore .read (the cache gather) and PairStore.write (the cache write). Records of the
 size read are decoded inside fetch (sources/pixel_batches.py); what is not in the pieces
@@ -52,12 +69,19 @@ def instrument() -> None:
     import tfshards.readers.ordered as ordered
     import tfshards.sources.records as records
 
-    ordered.Cursor.step = timed("cursor.step", ordered.Cursor.step)
-    ordered.OrderedReader.fetch = timed("fetch", ordered.OrderedReader.fetch)
-    store.PairStore.write = timed("store.write (cache write)", store.PairStore.write)
-    records.SplitRecords.read = timed("records.read", records.SplitRecords.read)
-    records.read_record = timed("read_record (pread + CRC)", records.read_record)
-    store.PairStore.read = timed("store.read (cache gather)", store.PairStore.read)
+    pieces = {
+        "cursor.step": (ordered.Cursor, "step"),  # per batch until it became Cursor.begin
+        "fetch": (ordered.OrderedReader, "fetch"),
+        "store.write (cache write)": (store.PairStore, "write"),
+        "records.read": (records.SplitRecords, "read"),
+        "read_record (pread + CRC)": (records, "read_record"),
+        "store.read (cache gather)": (store.PairStore, "read"),
+    }
+    for name, (owner, attribute) in pieces.items():
+        if hasattr(owner, attribute):
+            setattr(owner, attribute, timed(name, getattr(owner, attribute)))
+        else:
+            print(f"{name}: not in this version of tfshards, not timed")
 
 
 def epoch(dataset) -> dict:
