@@ -86,19 +86,19 @@ def test_a_subset_as_a_mask_or_indices_reads_those_records(rare, form):
 
 def test_a_sampled_read_resumes_at_any_batch_exactly(rare):
     sampling = ClassBalanced()
-    whole = _pairs_read(rare, seed=4, sampling=sampling, epoch_size=40, repeat=True)[:0]
     read = tfshards.read(
         rare, batch_size=8, image_dtype="uint8", seed=4, sampling=sampling, epoch_size=40
     )
     epochs = [[b[0][:, 0, 0, 0].numpy().tolist() for b in read] for _ in range(2)]
-    assert whole == [] and epochs[0] != epochs[1]
+    assert epochs[0] != epochs[1]
     resumed = _pairs_read(rare, seed=4, sampling=sampling, epoch_size=40, start=(1, 2))
-    assert resumed == epochs[1][2:]
+    assert resumed[:3] == epochs[1][2:]  # then epoch 2 (an iteration is one epoch long)
 
 
 def test_sampled_epochs_are_the_same_in_another_process(rare):
-    here = SampledOrder(EpochOrder((25, 25, 25, 25), True, 9, 2), select(_table(), None,
-                                                                          ClassBalanced(), 64))
+    here = SampledOrder(
+        EpochOrder((25, 25, 25, 25), True, 9, 2), select(_table(), None, ClassBalanced(), 64)
+    )
     code = (
         "import json, sys; sys.path.insert(0, 'tests')\n"
         "from test_sampling import _table\n"
@@ -122,7 +122,7 @@ def test_pipelines_read_equal_batches_that_make_up_the_epoch(rare):
     for pipeline in range(2):
         context = tf.distribute.InputContext(2, pipeline, 1)
         parts.append(_pairs_read(rare, input_context=context, **arguments)[:])
-    assert len(parts[0]) == len(parts[1]) == 8  # 64 records in rounds of 8 per pipeline
+    assert len(parts[0]) == len(parts[1]) == 4  # 64 records in rounds of 2 x 8
     rounds = [a + b for a, b in zip(parts[0], parts[1], strict=True)]
     assert sum(rounds, []) == single  # the same global order, cut per round
 
@@ -187,7 +187,9 @@ def test_class_uniform_draws_each_record_for_a_class_it_holds():
 def test_a_subset_composes_with_class_balance():
     table = _table()
     subset = np.arange(50)  # holds record 7, not 57
-    order = SampledOrder(EpochOrder((50, 50), True, 0, 1), select(table, subset, ClassBalanced(), None))
+    order = SampledOrder(
+        EpochOrder((50, 50), True, 0, 1), select(table, subset, ClassBalanced(), None)
+    )
     records = order.records(0)
     assert len(records) == 50 and set(records.tolist()) <= set(range(50))
     assert 7 in records.tolist()
@@ -234,7 +236,7 @@ def test_bad_class_balance_arguments_are_refused(arguments, message):
 
 
 def test_sampling_with_the_data_service_is_refused(rare):
-    with pytest.raises(OptionsError, match="sampling= need a read by index"):
+    with pytest.raises(OptionsError, match="sampling= and service cannot be combined"):
         tfshards.read(rare, sampling=ClassBalanced(), service="grpc://127.0.0.1:1")
 
 
@@ -244,21 +246,26 @@ def test_a_state_of_another_selection_is_refused(rare):
     assert state["records"] == 40 and state["sampling"]
     other = tfshards.read(rare, batch_size=4, seed=0, records=np.arange(1, 41))
     with pytest.raises(ResumeError, match="made with sampling="):
-        list(tfshards.read(rare, batch_size=4, seed=0, records=np.arange(1, 41),
-                           start=ReadState(**state)))
+        list(
+            tfshards.read(
+                rare, batch_size=4, seed=0, records=np.arange(1, 41), start=ReadState(**state)
+            )
+        )
     assert other.cardinality().numpy() == 10
-    resumed = tfshards.read(rare, batch_size=4, seed=0, records=np.arange(40),
-                            start=ReadState(**state))
+    resumed = tfshards.read(
+        rare, batch_size=4, seed=0, records=np.arange(40), start=ReadState(**state)
+    )
     assert resumed.cardinality().numpy() == 10
 
 
 def test_a_cached_subset_holds_only_its_records_and_serves_the_next_epoch(rare, tmp_path):
     cache = tmp_path / "cache"
-    read = tfshards.read(rare, batch_size=8, seed=0, records=np.arange(20), cache=cache,
-                         image_dtype="uint8")
+    read = tfshards.read(
+        rare, batch_size=8, seed=0, records=np.arange(20), cache=cache, image_dtype="uint8"
+    )
     first = sorted(int(i) for image, _ in read for i in image[:, 0, 0, 0].numpy())
     (entry,) = [e for e in tfshards.list_caches(cache) if e.state == "ready"]
-    assert entry.records == 20
+    assert entry.info.records == 20
     files = {p.name: p.stat().st_size for p in Path(entry.path).rglob("pairs.image")}
     assert list(files.values()) == [20 * 8 * 8 * 3]
     second = sorted(int(i) for image, _ in read for i in image[:, 0, 0, 0].numpy())

@@ -52,6 +52,13 @@ def check_arguments(path: str | os.PathLike, a: dict[str, Any], cache: CachePlan
     read_options(a["options"])
     _check_augment(a["augment"])
     _check_input_context(a["input_context"], a["batch_size"])
+    sampled = [n for n in ("records", "sampling", "epoch_size") if a.get(n) is not None]
+    if a["service"] is not None and sampled:
+        raise OptionsError(
+            f"{'=, '.join(sampled)}= and service cannot be combined: the tf.data service's "
+            "workers decide the order of what they read; read the subset or sampling "
+            "without service="
+        )
     if a["service"] is not None and cache.kind != "none":
         raise OptionsError(
             "cache and service cannot be combined: the tf.data service "

@@ -64,6 +64,7 @@ class CacheInfo:
     records: int
     cache_format: int = CACHE_FORMAT
     files: str = "parts"  # "flat": two flat files read by index (store.py); "parts": layouts.py
+    subset: str = ""  # a sampled read's selection digest: its records alone (sampling.py)
 
     @classmethod
     def load(cls, entry: Path) -> CacheInfo | None:
@@ -78,6 +79,7 @@ class CacheInfo:
                 records=int(body["records"]),
                 cache_format=int(body.get("cache_format", CACHE_FORMAT)),
                 files=str(body.get("files", "parts")),
+                subset=str(body.get("subset", "")),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
@@ -329,6 +331,7 @@ def _current(entry: Path, info: CacheInfo, manifests: dict[str, Manifest | None]
         info.pipeline,
         info.files,
         [shard.sha256 for shard in shards],
+        info.subset,
     )
     return name == entry.name
 

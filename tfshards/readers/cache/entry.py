@@ -98,6 +98,7 @@ class DiskCache:
             tuple(pipeline),
             shards.records if records is None else records,
             files=files,
+            subset=subset,
         )
         name = fingerprint(
             shards.manifest.schema_version,
