@@ -5,6 +5,7 @@
 """
 
 from tfshards.checks import DatasetInfo, VerifyReport, class_weights, dataset_summary, info, verify
+from tfshards.checks.exposure import Exposure, exposure
 from tfshards.converters import ConvertOptions, convert, pair_files, synth
 from tfshards.errors import (
     ManifestError,
@@ -64,6 +65,7 @@ __all__ = [
     "ClassBalanced",
     "ConvertOptions",
     "DatasetInfo",
+    "Exposure",
     "Manifest",
     "ManifestError",
     "OptionsError",
@@ -81,6 +83,7 @@ __all__ = [
     "clear_caches",
     "convert",
     "dataset_summary",
+    "exposure",
     "folds",
     "info",
     "list_caches",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from tfshards import storage
 from tfshards.errors import ManifestError, OptionsError
@@ -68,8 +69,15 @@ def class_weights(
     split: str = "train",
     method: str = "median_frequency",
     storage_options: StorageOptions = None,
+    records: Any = None,
+    sampling: Any = None,
+    epoch_size: int | None = None,
 ) -> dict[int, float]:
     """``{class: weight}`` for ``model.fit(class_weight=...)``, from a split's pixel counts.
+
+    With ``records``, ``sampling`` or ``epoch_size`` (as ``read`` takes them), from the
+    pixels one epoch of that read shows on average (``tfshards.exposure``), so a sampling
+    that already shows a rare class more is not corrected for twice.
 
     median_frequency: median(frequency of the classes present) / frequency of the class.
     inverse_frequency: pixels / (classes present x pixels of the class).
@@ -79,13 +87,26 @@ def class_weights(
     if method not in WEIGHT_METHODS:
         raise OptionsError(f"method must be one of {', '.join(WEIGHT_METHODS)}; got {method!r}")
     dataset = info(path, storage_options=storage_options)
-    weights = dict(enumerate(weights_from_pixels(dataset.class_pixels(split), method)))
+    pixels = dataset.class_pixels(split)
+    if records is not None or sampling is not None or epoch_size is not None:
+        from tfshards.checks.exposure import exposure
+
+        shown = exposure(
+            path,
+            split,
+            records=records,
+            sampling=sampling,
+            epoch_size=epoch_size,
+            storage_options=storage_options,
+        ).pixels
+        pixels = [float(shown[c]) if c < len(shown) else 0.0 for c in range(len(pixels))]
+    weights = dict(enumerate(weights_from_pixels(pixels, method)))
     if dataset.ignore_label is not None:
         weights[dataset.ignore_label] = 0.0
     return weights
 
 
-def weights_from_pixels(pixels: list[int], method: str) -> list[float]:
+def weights_from_pixels(pixels: list[float], method: str) -> list[float]:
     present = [n for n in pixels if n]
     if not present:
         return [0.0] * len(pixels)

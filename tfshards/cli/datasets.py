@@ -146,6 +146,24 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--count", type=int, default=8, help="pairs in the preview (default 8)")
     p.add_argument("--split", help="split to preview (default: the first)")
     p.add_argument("--seed", type=int, default=0, help="which pairs to preview (default 0)")
+    p.add_argument(
+        "--sampling",
+        choices=("class_uniform", "repeat_factor"),
+        help="also print each class's share of pixels and records in one epoch of "
+        "read(sampling=tfshards.ClassBalanced(rule=...)) beside every record once "
+        "(from the per-record table; of --split, default train)",
+    )
+    p.add_argument(
+        "--exclude",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="CLASS",
+        help="with --sampling: classes never drawn for, e.g. background (default none)",
+    )
+    p.add_argument(
+        "--epoch-size", type=int, help="with --sampling: records per epoch (default: all)"
+    )
     p.set_defaults(run=_run_inspect)
 
 
@@ -168,4 +186,23 @@ def _run_inspect(args: argparse.Namespace) -> int:
             storage_options=options,
         )
         log.info("wrote a preview of %d pairs to %s", rows, args.preview)
+    if args.sampling:
+        _print_exposure(args, options)
     return 0
+
+
+def _print_exposure(args: argparse.Namespace, options) -> None:
+    """inspect --sampling: one epoch's class shares under ClassBalanced, from the table."""
+    from tfshards.checks.exposure import exposure
+    from tfshards.readers.sampling import ClassBalanced
+
+    balanced = ClassBalanced(rule=args.sampling, exclude=args.exclude)
+    report = exposure(
+        args.dir,
+        args.split or "train",
+        sampling=balanced,
+        epoch_size=args.epoch_size,
+        storage_options=options,
+    )
+    print(f"\n{balanced.describe()}")
+    print(report.describe())
