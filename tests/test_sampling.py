@@ -315,3 +315,40 @@ def test_digests_differ_for_every_selection():
     assert select(table, None, None, None).digest == ""
     assert hashlib.sha256  # digests are sha256 prefixes: 16 hex digits
     assert all(len(d) == 16 for d in digests)
+
+
+def test_exposure_is_what_sampled_epochs_show_on_average():
+    from tfshards.checks.exposure import exposure_of
+
+    table = _table()
+    selection = select(table, None, ClassBalanced(exclude=[0]), 60)
+    report = exposure_of(table, selection)
+    order = SampledOrder(EpochOrder((50, 50), True, 1, 1), selection)
+    pixels = np.asarray(table.class_pixels)
+    shown = sum(pixels[order.records(e)].sum(axis=0) for e in range(300)) / 300
+    assert np.allclose(report.pixels, shown, rtol=0.03)
+    held = sum((pixels[order.records(e)] > 0).mean(axis=0) for e in range(300)) / 300
+    assert np.allclose(report.record_share, held, atol=0.01)
+    assert report.uniform_record_share[RARE] == pytest.approx(0.02)
+    assert report.record_share[RARE] > 0.3  # a third of the draws are for it
+    assert np.allclose(report.uniform_pixels, pixels.sum(axis=0))
+
+
+def test_class_weights_follow_the_sampled_exposure(rare):
+    plain = tfshards.class_weights(rare)
+    sampled = tfshards.class_weights(rare, sampling=ClassBalanced(exclude=[0]))
+    shown = tfshards.exposure(rare, sampling=ClassBalanced(exclude=[0])).pixels
+    median = float(np.median(shown[shown > 0]))
+    assert sampled == pytest.approx({c: median / shown[c] for c in range(4)})
+    assert sampled[RARE] < plain[RARE]  # shown more often: weighted less
+
+
+def test_inspect_prints_a_sampled_epochs_shares(rare, capsys):
+    from tfshards.cli import main
+
+    assert main(["inspect", str(rare), "--sampling", "class_uniform", "--exclude", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "one epoch of 100 records, sampled vs every record once" in out
+    report = out.split("sampled vs every record once")[1]
+    row = next(line for line in report.splitlines() if line.strip().startswith(f"{RARE} "))
+    assert row.split()[-1] == "2.00%"  # every record once: 2 of 100 hold it
