@@ -180,11 +180,11 @@ def class_members(table: RecordTable, kept: np.ndarray) -> dict[int, np.ndarray]
     """Each class present in the kept records: the kept records holding it, ascending."""
     per_record = np.diff(table.class_ends.astype(np.int64), prepend=0)
     owner = np.repeat(np.arange(len(table), dtype=np.int32), per_record)
-    by_class = np.argsort(table.class_ids, kind="stable")
-    ids = table.class_ids[by_class]
+    by_class = np.argsort(table.class_ids, kind="stable")  # a radix sort: small ints
+    ends = np.cumsum(np.bincount(table.class_ids, minlength=1))
     members = {}
-    for klass in np.unique(ids).tolist():
-        lo, hi = np.searchsorted(ids, [klass, klass + 1])
+    for klass in np.flatnonzero(np.diff(ends, prepend=0)).tolist():
+        lo, hi = int(ends[klass - 1]) if klass else 0, int(ends[klass])
         records = owner[by_class[lo:hi]].astype(np.int64)
         records = records[kept[records]]
         if records.size:
