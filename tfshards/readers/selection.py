@@ -167,17 +167,15 @@ def _repeat_factors(
     }
     weights = kept.astype(np.float64)
     classes = np.full(len(kept), NO_CLASS, np.int16)
-    assigned = np.zeros(len(kept), bool)
-    for klass in sorted(factors, key=lambda c: factors[c]):  # largest factor written last
-        m = members[klass]
-        weights[m] = np.where(assigned[m], np.maximum(weights[m], factors[klass]), factors[klass])
-        classes[m] = klass
-        assigned[m] = True
+    for klass in sorted(factors, key=lambda c: factors[c]):  # the largest written last
+        weights[members[klass]] = factors[klass]
+        classes[members[klass]] = klass
     return weights, classes
 
 
 def class_members(table: RecordTable, kept: np.ndarray) -> dict[int, np.ndarray]:
     """Each class present in the kept records: the kept records holding it, ascending."""
+    everything = bool(kept.all())
     per_record = np.diff(table.class_ends.astype(np.int64), prepend=0)
     owner = np.repeat(np.arange(len(table), dtype=np.int32), per_record)
     by_class = np.argsort(table.class_ids, kind="stable")  # a radix sort: small ints
@@ -186,7 +184,8 @@ def class_members(table: RecordTable, kept: np.ndarray) -> dict[int, np.ndarray]
     for klass in np.flatnonzero(np.diff(ends, prepend=0)).tolist():
         lo, hi = int(ends[klass - 1]) if klass else 0, int(ends[klass])
         records = owner[by_class[lo:hi]].astype(np.int64)
-        records = records[kept[records]]
+        if not everything:
+            records = records[kept[records]]
         if records.size:
             members[int(klass)] = records
     return members
