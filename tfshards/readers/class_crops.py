@@ -53,6 +53,8 @@ def class_centres(
         cell = (int(table.heights[record]) / grid, int(table.widths[record]) / grid)
         centres[k] = [
             (place + 0.5) * side + (draw - 0.5) * max(0.0, crop - side)
-            for place, side, draw, crop in zip((row, column), cell, draws[2:], crop_size)
+            for place, side, draw, crop in zip(
+                (row, column), cell, draws[2:], crop_size, strict=True
+            )
         ]
     return centres
