@@ -36,7 +36,7 @@ from tfshards.converters.shard_job import (
 )
 from tfshards.converters.validation import image_channels
 from tfshards.errors import OptionsError, PairingError
-from tfshards.schemas.format import image_encoding
+from tfshards.schemas.format import image_encoding, record_table_name
 from tfshards.schemas.manifest import (
     CompressionInfo,
     ImageInfo,
@@ -44,7 +44,9 @@ from tfshards.schemas.manifest import (
     MaskInfo,
     ShardInfo,
     SplitInfo,
+    TableInfo,
 )
+from tfshards.schemas.record_table import RecordTable
 from tfshards.storage import FileStat, Location, StorageOptions, stat
 
 log = logging.getLogger("tfshards")
@@ -276,7 +278,9 @@ def _write_dataset(
         for result in results_of:
             folder.record(result)
             results[result.file] = result
-        return _manifest(specs, results, options, source, report), len(todo), len(begun), False
+        manifest = _manifest(specs, results, options, source, report)
+        manifest = _with_record_tables(target, manifest, specs, results, store)
+        return manifest, len(todo), len(begun), False
 
     with _output(out, run, cli) as folder:
         if not (isinstance(folder, OutputFolder) and folder.replacing):
@@ -365,6 +369,31 @@ def _estimated_pair_bytes(
                 continue
         pixels = sum(sizes) // max(len(sizes), 1)
     return np.full(len(pairs), pixels * (channels + 1), np.int64)
+
+
+def _with_record_tables(
+    out: Location,
+    manifest: Manifest,
+    specs: list[ShardSpec],
+    results: dict[str, ShardResult],
+    store: StorageOptions,
+) -> Manifest:
+    """Write each split's per-record table beside its shards (before the manifest, which
+    lists it): the shards' rows in the split's manifest order, with the split's classes
+    (``--num-classes`` when given, else the largest class present + 1)."""
+    splits = {}
+    for name, split in manifest.splits.items():
+        tables = [results[spec.file_name].table() for spec in specs if spec.split == name]
+        if any(table is None for table in tables):  # journaled by a tfshards without tables
+            log.info("split %s: no per-record table; tfshards.records() builds it", name)
+            splits[name] = split
+            continue
+        data = RecordTable.concatenated(tables, len(split.class_pixels)).to_bytes()
+        file = record_table_name(name)
+        storage.write_bytes(storage.join(out, file), data, store)
+        table = TableInfo(file, len(data), hashlib.sha256(data).hexdigest())
+        splits[name] = replace(split, record_table=table)
+    return replace(manifest, splits=splits)
 
 
 def _manifest(

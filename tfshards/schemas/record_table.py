@@ -23,16 +23,24 @@ the same records give the same bytes on every runner.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from tfshards.errors import TfshardsError
+from tfshards.errors import RecordTableError
+from tfshards.schemas.format import COMPRESSIONS
+from tfshards.schemas.manifest import SplitInfo
+from tfshards.schemas.record import decode_mask
+from tfshards.schemas.tfrecord import RecordError, iter_records, parse_example
 
 GRID = 4  # cells per side of a record in which each class's presence is kept
+CELLS = GRID * GRID  # bits of a class entry's ``cells`` (uint16)
+_CELL_BITS = 1 << np.arange(CELLS, dtype=np.int64)
 MAGIC = b"tfshards-records 1\n"
 _CODEC = ("utf-8", "surrogatepass")
 _COLUMNS = (
@@ -46,10 +54,6 @@ _COLUMNS = (
     "class_counts",
     "class_cells",
 )
-
-
-class RecordTableError(TfshardsError):
-    """A per-record table that cannot be read, or that disagrees with its dataset."""
 
 
 def smallest_unsigned(values: np.ndarray) -> np.ndarray:
@@ -76,30 +80,37 @@ class RecordRow:
 
 
 def record_row(key: str, mask: np.ndarray, ignore_label: int | None) -> RecordRow:
-    """The table's row of one mask (class indices, ``ignore_label`` pixels counted apart)."""
+    """The table's row of one mask (class indices, ``ignore_label`` pixels counted apart).
+
+    One ``bincount`` of ``class * CELLS + cell`` gives both each class's pixels (a row's
+    sum) and the cells it appears in (the row's non-zero entries)."""
     mask = np.asarray(mask)
     if mask.ndim == 3:
         mask = mask[..., 0]
     height, width = mask.shape
-    counts = np.bincount(mask.ravel(), minlength=1)
+    codes = mask.astype(np.intp)
+    codes *= CELLS
+    codes += _cell_of_pixel(height, width)
+    classes = int(mask.max(initial=0)) + 1
+    hits = np.bincount(codes.ravel(), minlength=classes * CELLS).reshape(classes, CELLS)
+    counts = hits.sum(axis=1)
     ignored = 0
-    if ignore_label is not None and ignore_label < len(counts):
+    if ignore_label is not None and ignore_label < classes:
         ignored = int(counts[ignore_label])
         counts[ignore_label] = 0
     ids = np.flatnonzero(counts)
-    return RecordRow(key, height, width, ignored, ids, counts[ids], _cells(mask, ids))
+    cells = ((hits[ids] > 0) * _CELL_BITS).sum(axis=1).astype(np.uint16)
+    return RecordRow(key, height, width, ignored, ids, counts[ids], cells)
 
 
-def _cells(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """For each class in ``ids``, the bits of the grid cells where it appears."""
-    height, width = mask.shape
+@functools.lru_cache(maxsize=8)
+def _cell_of_pixel(height: int, width: int) -> np.ndarray:
+    """intp [height, width]: the grid cell (``row * GRID + column``) of every pixel."""
     rows = np.minimum(np.arange(height) * GRID // max(height, 1), GRID - 1)
     columns = np.minimum(np.arange(width) * GRID // max(width, 1), GRID - 1)
-    cell = (rows[:, None] * GRID + columns[None, :]).ravel()
-    seen = np.zeros((int(mask.max(initial=0)) + 1, GRID * GRID), bool)
-    seen[mask.ravel().astype(np.int64), cell] = True
-    bits = (seen[ids] * (1 << np.arange(GRID * GRID))).sum(axis=1)
-    return bits.astype(np.uint16)
+    cells = (rows[:, None] * GRID + columns[None, :]).astype(np.intp)
+    cells.flags.writeable = False
+    return cells
 
 
 class Keys(Sequence[str]):
@@ -203,6 +214,12 @@ class RecordTable:
                 )
         if entries and int(self.class_ids.max()) >= self.num_classes:
             raise RecordTableError(f"a class id is >= num_classes={self.num_classes}")
+        if self.grid != GRID:
+            raise RecordTableError(f"a grid of {self.grid} cells a side; this tfshards keeps {GRID}")
+        for name, total in (("key_ends", len(self.key_bytes)), ("class_ends", entries)):
+            ends = getattr(self, name).astype(np.int64)
+            if records and (np.any(np.diff(ends) < 0) or ends[0] < 0 or ends[-1] != total):
+                raise RecordTableError(f"column {name} does not run from 0 to {total}")
 
     def __len__(self) -> int:
         return len(self.key_ends)
@@ -241,6 +258,52 @@ class RecordTable:
         ids = self.class_ids[start : int(self.class_ends[record])]
         hit = np.flatnonzero(ids == klass)
         return int(self.class_cells[start + hit[0]]) if hit.size else 0
+
+    def row(self, record: int) -> RecordRow:
+        """Record ``record``'s row, as :func:`record_row` computes it from the mask."""
+        start = int(self.class_ends[record - 1]) if record else 0
+        end = int(self.class_ends[record])
+        return RecordRow(
+            self.keys[record],
+            int(self.heights[record]),
+            int(self.widths[record]),
+            int(self.ignored_pixels[record]),
+            self.class_ids[start:end].astype(np.int64),
+            self.class_counts[start:end].astype(np.int64),
+            self.class_cells[start:end],
+        )
+
+    def class_totals(self) -> np.ndarray:
+        """int64 [num_classes]: the pixels of each class over all records."""
+        weights = self.class_counts.astype(np.float64)  # exact below 2**53 pixels
+        totals = np.bincount(self.class_ids, weights=weights, minlength=self.num_classes)
+        return totals.astype(np.int64)
+
+    @classmethod
+    def concatenated(cls, tables: Sequence[RecordTable], num_classes: int) -> RecordTable:
+        """The rows of ``tables`` one after another, as one table of ``num_classes``
+        classes; the same bytes as :meth:`from_rows` of all their rows."""
+
+        def joined(name: str, ends: bool = False) -> np.ndarray:
+            parts = [getattr(table, name).astype(np.int64) for table in tables]
+            if ends:  # each table's ends continue from the previous table's last
+                shifts = np.cumsum([0] + [int(p[-1]) if len(p) else 0 for p in parts[:-1]])
+                parts = [part + shift for part, shift in zip(parts, shifts, strict=True)]
+            return smallest_unsigned(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+        return cls(
+            key_ends=joined("key_ends", ends=True),
+            key_bytes=np.concatenate([t.key_bytes for t in tables] or [np.zeros(0, np.uint8)]),
+            heights=joined("heights"),
+            widths=joined("widths"),
+            ignored_pixels=joined("ignored_pixels"),
+            class_ends=joined("class_ends", ends=True),
+            class_ids=joined("class_ids"),
+            class_counts=joined("class_counts"),
+            class_cells=np.concatenate([t.class_cells for t in tables] or [np.zeros(0, np.uint16)])
+            .astype(np.uint16),
+            num_classes=num_classes,
+        )
 
     @classmethod
     def from_rows(cls, rows: Iterable[RecordRow], num_classes: int) -> RecordTable:
@@ -311,3 +374,38 @@ def _parsed(data: bytes) -> RecordTable:
     if missing:
         raise ValueError(f"columns missing: {sorted(missing)}")
     return RecordTable(**columns, num_classes=int(header["num_classes"]), grid=header["grid"])
+
+
+def shard_rows(path: Path, compression_name: str, ignore_label: int | None) -> Iterator[RecordRow]:
+    """The rows of one local shard's records, in order: a pass over its masks (images
+    are not decoded). RecordTableError names the shard and the record that fails."""
+    found = 0
+    try:
+        with COMPRESSIONS[compression_name].open(path) as stream:
+            for found, data in enumerate(iter_records(stream)):
+                key, mask = decode_mask(parse_example(data))
+                yield record_row(key, mask, ignore_label)
+    except (ValueError, OSError, EOFError, RecordError) as exc:
+        raise RecordTableError(
+            f"{path}: record {found} cannot be read for the per-record table ({exc})"
+        ) from exc
+
+
+def check_against(table: RecordTable, split: SplitInfo, where: str) -> RecordTable:
+    """``table`` if it agrees with its split in the manifest (record count, classes, each
+    class's pixels and the ignored pixels), else RecordTableError naming ``where``."""
+    problem = None
+    if len(table) != split.records:
+        problem = f"{len(table)} rows, but the manifest's split has {split.records} records"
+    elif table.num_classes != len(split.class_pixels):
+        problem = (
+            f"{table.num_classes} classes, but the manifest's split counts "
+            f"{len(split.class_pixels)}"
+        )
+    elif table.class_totals().tolist() != list(split.class_pixels):
+        problem = "its pixels per class differ from the manifest's class_pixels"
+    elif int(table.ignored_pixels.sum(dtype=np.int64)) != split.ignored_pixels:
+        problem = "its ignored pixels differ from the manifest's ignored_pixels"
+    if problem is not None:
+        raise RecordTableError(f"{where}: {problem} (a table of another dataset?)")
+    return table
