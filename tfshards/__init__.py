@@ -12,10 +12,12 @@ from tfshards.errors import (
     OutputError,
     PairError,
     PairingError,
+    RecordTableError,
     TfshardsError,
 )
 from tfshards.malloc_arenas import cap_malloc_arenas
 from tfshards.schemas import Manifest
+from tfshards.schemas.record_table import RecordTable
 
 # Before TensorFlow's threads make their arenas; see malloc_arenas for why and the opt-out.
 cap_malloc_arenas()
@@ -28,12 +30,15 @@ _READER_NAMES = (
     "read",
     "ReadOptions",
     "ReadState",
+    "RecordTable",
+    "RecordTableError",
     "ResumeCallback",
     "list_caches",
     "clear_caches",
 )
-# Random access by index needs no TensorFlow (PyTorch, Grain): imported on first use too.
-_SOURCE_NAMES = ("Pairs", "PairDecodeError", "torch_pair")
+# Random access by index needs no TensorFlow (PyTorch, Grain), nor does the per-record
+# table: imported on first use too.
+_SOURCE_NAMES = ("Pairs", "PairDecodeError", "records", "torch_pair")
 
 
 def __getattr__(name: str):
@@ -71,6 +76,8 @@ __all__ = [
     "Pairs",
     "ReadOptions",
     "ReadState",
+    "RecordTable",
+    "RecordTableError",
     "ResumeCallback",
     "TfshardsError",
     "VerifyReport",
@@ -82,6 +89,7 @@ __all__ = [
     "list_caches",
     "pair_files",
     "read",
+    "records",
     "synth",
     "torch_pair",
     "verify",

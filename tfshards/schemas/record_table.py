@@ -376,9 +376,12 @@ def _parsed(data: bytes) -> RecordTable:
     return RecordTable(**columns, num_classes=int(header["num_classes"]), grid=header["grid"])
 
 
-def shard_rows(path: Path, compression_name: str, ignore_label: int | None) -> Iterator[RecordRow]:
+def shard_rows(
+    path: Path, compression_name: str, ignore_label: int | None, where: str | None = None
+) -> Iterator[RecordRow]:
     """The rows of one local shard's records, in order: a pass over its masks (images
-    are not decoded). RecordTableError names the shard and the record that fails."""
+    are not decoded). RecordTableError names the shard (``where``, default ``path``) and
+    the record that fails."""
     found = 0
     try:
         with COMPRESSIONS[compression_name].open(path) as stream:
@@ -387,7 +390,7 @@ def shard_rows(path: Path, compression_name: str, ignore_label: int | None) -> I
                 yield record_row(key, mask, ignore_label)
     except (ValueError, OSError, EOFError, RecordError) as exc:
         raise RecordTableError(
-            f"{path}: record {found} cannot be read for the per-record table ({exc})"
+            f"{where or path}: record {found} cannot be read for the per-record table ({exc})"
         ) from exc
 
 
