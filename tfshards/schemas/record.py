@@ -121,10 +121,12 @@ def decode_record(features: Mapping[str, bytes | int | None]) -> DecodedRecord:
 
 
 def decode_mask(features: Mapping[str, bytes | int | None]) -> tuple[str, np.ndarray]:
-    """The key and the mask uint8 [H, W] of a parsed record, the image left undecoded
-    (the per-record table's pass over a dataset); ValueError as :func:`decode_record`."""
+    """The key (as the converter had it: ``os.fsdecode``, the inverse of the writer's
+    ``os.fsencode``) and the mask uint8 [H, W] of a parsed record, the image left
+    undecoded (the per-record table's pass over a dataset); ValueError as
+    :func:`decode_record`."""
     _check_features(features)
-    return features["key"].decode("utf-8", "replace"), _plane(features, "mask")[:, :, 0]
+    return os.fsdecode(features["key"]), _plane(features, "mask")[:, :, 0]
 
 
 def _check_features(features: Mapping[str, bytes | int | None]) -> None:

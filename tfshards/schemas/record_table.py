@@ -24,6 +24,7 @@ the same records give the same bytes on every runner.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import struct
 from collections.abc import Iterable, Iterator, Sequence
@@ -215,7 +216,7 @@ class RecordTable:
         if entries and int(self.class_ids.max()) >= self.num_classes:
             raise RecordTableError(f"a class id is >= num_classes={self.num_classes}")
         if self.grid != GRID:
-            raise RecordTableError(f"a grid of {self.grid} cells a side; this tfshards keeps {GRID}")
+            raise RecordTableError(f"a grid of {self.grid} cells a side, not {GRID}")
         for name, total in (("key_ends", len(self.key_bytes)), ("class_ends", entries)):
             ends = getattr(self, name).astype(np.int64)
             if records and (np.any(np.diff(ends) < 0) or ends[0] < 0 or ends[-1] != total):
@@ -300,8 +301,9 @@ class RecordTable:
             class_ends=joined("class_ends", ends=True),
             class_ids=joined("class_ids"),
             class_counts=joined("class_counts"),
-            class_cells=np.concatenate([t.class_cells for t in tables] or [np.zeros(0, np.uint16)])
-            .astype(np.uint16),
+            class_cells=np.concatenate(
+                [t.class_cells for t in tables] or [np.zeros(0, np.uint16)]
+            ).astype(np.uint16),
             num_classes=num_classes,
         )
 
@@ -385,9 +387,10 @@ def shard_rows(
     found = 0
     try:
         with COMPRESSIONS[compression_name].open(path) as stream:
-            for found, data in enumerate(iter_records(stream)):
+            for data in iter_records(stream):
                 key, mask = decode_mask(parse_example(data))
                 yield record_row(key, mask, ignore_label)
+                found += 1
     except (ValueError, OSError, EOFError, RecordError) as exc:
         raise RecordTableError(
             f"{where or path}: record {found} cannot be read for the per-record table ({exc})"
@@ -412,3 +415,16 @@ def check_against(table: RecordTable, split: SplitInfo, where: str) -> RecordTab
     if problem is not None:
         raise RecordTableError(f"{where}: {problem} (a table of another dataset?)")
     return table
+
+
+def table_from_bytes(data: bytes, info: SplitInfo, where: str) -> RecordTable:
+    """The table in ``data``, read from the file the manifest lists as ``info.record_table``,
+    if its size, sha256 and contents agree with the manifest; else RecordTableError."""
+    listed = info.record_table
+    if len(data) != listed.bytes:
+        raise RecordTableError(
+            f"{where}: {len(data)} bytes, the manifest says {listed.bytes} (truncated or replaced)"
+        )
+    if hashlib.sha256(data).hexdigest() != listed.sha256:
+        raise RecordTableError(f"{where}: sha256 differs from the manifest (damaged or replaced)")
+    return check_against(RecordTable.from_bytes(data, where=where), info, where)

@@ -29,7 +29,12 @@ from tfshards.checks.shard_io import local_shard
 from tfshards.errors import ManifestError, RecordTableError
 from tfshards.schemas.format import MANIFEST_NAME, RECORDS_SUFFIX
 from tfshards.schemas.manifest import Manifest, SplitInfo
-from tfshards.schemas.record_table import RecordTable, check_against, shard_rows
+from tfshards.schemas.record_table import (
+    RecordTable,
+    check_against,
+    shard_rows,
+    table_from_bytes,
+)
 from tfshards.sources.folders import user_cache_dir
 from tfshards.storage import Location, StorageOptions
 
@@ -113,19 +118,6 @@ def listed_table(root: Location, info: SplitInfo, storage_options: StorageOption
     return table_from_bytes(data, info, where)
 
 
-def table_from_bytes(data: bytes, info: SplitInfo, where: str) -> RecordTable:
-    """The table in ``data``, read from the file the manifest lists as ``info.record_table``,
-    if its size, sha256 and contents agree with the manifest; else RecordTableError."""
-    listed = info.record_table
-    if len(data) != listed.bytes:
-        raise RecordTableError(
-            f"{where}: {len(data)} bytes, the manifest says {listed.bytes} (truncated or replaced)"
-        )
-    if hashlib.sha256(data).hexdigest() != listed.sha256:
-        raise RecordTableError(f"{where}: sha256 differs from the manifest (damaged or replaced)")
-    return check_against(RecordTable.from_bytes(data, where=where), info, where)
-
-
 def build_table(
     root: Location,
     manifest: Manifest,
@@ -196,4 +188,4 @@ def _keep(kept: Path, data: bytes) -> None:
         tmp.write_bytes(hashlib.sha256(data).digest() + data)
         os.replace(tmp, kept)
     except OSError as exc:
-        log.warning("%s: the built table cannot be kept (%s); it is built again next time", kept, exc)
+        log.warning("%s: the built table cannot be kept (%s); built again next time", kept, exc)
