@@ -22,6 +22,7 @@ from tfshards.arguments import (
     checked_path,
     checked_str,
 )
+from tfshards.checks.shard_io import local_shard
 from tfshards.converters.bucket_output import BucketOutput
 from tfshards.converters.local import write_and_upload, write_shards
 from tfshards.converters.mask_values import check_mask_values, sample_mask_values
@@ -35,7 +36,7 @@ from tfshards.converters.shard_job import (
     ShardResult,
 )
 from tfshards.converters.validation import image_channels
-from tfshards.errors import OptionsError, PairingError
+from tfshards.errors import OptionsError, OutputError, PairingError
 from tfshards.schemas.format import image_encoding, record_table_name
 from tfshards.schemas.manifest import (
     CompressionInfo,
@@ -46,7 +47,7 @@ from tfshards.schemas.manifest import (
     SplitInfo,
     TableInfo,
 )
-from tfshards.schemas.record_table import RecordTable
+from tfshards.schemas.record_table import RecordTable, shard_rows
 from tfshards.storage import FileStat, Location, StorageOptions, stat
 
 log = logging.getLogger("tfshards")
@@ -383,17 +384,34 @@ def _with_record_tables(
     (``--num-classes`` when given, else the largest class present + 1)."""
     splits = {}
     for name, split in manifest.splits.items():
-        tables = [results[spec.file_name].table() for spec in specs if spec.split == name]
-        if any(table is None for table in tables):  # journaled by a tfshards without tables
-            log.info("split %s: no per-record table; tfshards.records() builds it", name)
-            splits[name] = split
-            continue
+        tables = [
+            _shard_table(out, results[spec.file_name], manifest, store)
+            for spec in specs
+            if spec.split == name
+        ]
         data = RecordTable.concatenated(tables, len(split.class_pixels)).to_bytes()
         file = record_table_name(name)
         storage.write_bytes(storage.join(out, file), data, store)
         table = TableInfo(file, len(data), hashlib.sha256(data).hexdigest())
         splits[name] = replace(split, record_table=table)
     return replace(manifest, splits=splits)
+
+
+def _shard_table(
+    out: Location, result: ShardResult, manifest: Manifest, store: StorageOptions
+) -> RecordTable:
+    """A shard's rows of the table: from its result, or, for a shard journaled by a
+    tfshards without tables (then reused by --resume), from the masks in its file."""
+    table = result.table()
+    if table is not None:
+        return table
+    where = storage.display(storage.join(out, result.file))
+    with local_shard(out, result.file, store) as local:
+        if local is None:
+            raise OutputError(f"{where}: missing, though the resume journal lists it")
+        ignore = manifest.mask.ignore_label
+        rows = list(shard_rows(local, manifest.compression.type, ignore, where))
+    return RecordTable.from_rows(rows, 256)
 
 
 def _manifest(
