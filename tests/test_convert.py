@@ -86,7 +86,7 @@ def test_same_inputs_give_identical_bytes_whatever_the_workers(tmp_path, compres
     convert(images, masks, tmp_path / "w1", workers=1, **kwargs)
     convert(images, masks, tmp_path / "w2", workers=2, **kwargs)
     one, two = shard_bytes(tmp_path / "w1"), shard_bytes(tmp_path / "w2")
-    assert len(one) == 5 + 2 + 1 and one == two
+    assert len(one) == 5 + 2 + 1 + 2 and one == two  # shards, manifest, two tables
 
 
 def test_manifest_contents(tmp_path):

@@ -105,8 +105,9 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
         help="check every shard and record against the manifest",
         description="Read every record of every shard: sizes and sha256 against the manifest, "
         "TFRecord CRCs, record counts, every record parses and decodes, image and mask shapes "
-        "agree, mask values below num_classes, keys unique across splits. Exit 0 when all "
-        "holds, 1 naming each bad shard.",
+        "agree, mask values below num_classes, keys unique across splits, each split's "
+        "per-record table (size, sha256, rows; with every record, each row against its "
+        "mask). Exit 0 when all holds, 1 naming each bad shard or table.",
     )
     p.add_argument("dir", help="dataset folder or URL such as s3://bucket/shards")
     p.add_argument("--quick", action="store_true", help="check sizes and hashes only")

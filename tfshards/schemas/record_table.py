@@ -5,20 +5,36 @@ One row per record, in the split's manifest order (shard by shard, record by rec
     key               the pair's key
     height, width     the record's size in pixels
     ignored pixels    mask pixels at the manifest's ignore_label
-    class entries     for each class present: (class, pixel count, cells), where ``cells``
-                      is a 16-bit mask of the GRID x GRID cells of the record in which the
-                      class appears (bit ``row * GRID + column``), enough to centre a crop
-                      on the class
+    class entries     for each class present (ascending; the ignore_label is no class):
+                      (class, pixel count, cells), where ``cells`` is a 16-bit mask of the
+                      GRID x GRID cells of the record in which the class appears: pixel
+                      (y, x) of an H x W record lies in cell ``row * GRID + column`` with
+                      ``row = y * GRID // H`` and ``column = x * GRID // W``, and sets
+                      that bit; enough to centre a crop on the class
 
 Class entries are stored sparsely (compressed sparse rows): a record with 4 classes of 20
 costs 4 entries, not 20 counts, so 10M records fit in well under 1 GB. Integer columns take
 the smallest unsigned type that holds their values.
 
-File layout (``<split>.records``, written beside the shards, listed in the manifest with
-its sha256): the magic line ``tfshards-records 1\\n``, a little-endian uint32 header length,
-a UTF-8 JSON header ``{"records", "num_classes", "grid", "columns": [{"name", "dtype",
-"length"}]}``, then each column's bytes in header order. No timestamps and no padding:
-the same records give the same bytes on every runner.
+File layout (``<split>.records``, written beside the shards before the manifest, which
+lists it with its size and sha256): the magic line ``tfshards-records 1\n``, a
+little-endian uint32 header length, a UTF-8 JSON header (sorted keys) ``{"records",
+"num_classes", "grid", "columns": [{"name", "dtype", "length"}]}``, then each column's
+bytes, little-endian, in header order, without padding:
+
+    key_ends        the end of each key in key_bytes (its start: the previous end, or 0)
+    key_bytes       the keys, UTF-8 (``surrogatepass``: file names that are not UTF-8
+                    round-trip), one after another
+    heights, widths, ignored_pixels    one value per record
+    class_ends      the end of each record's class entries (its start: the previous end)
+    class_ids, class_counts            one value per class entry
+    class_cells     uint16, one per class entry
+
+``num_classes`` is the manifest's: ``--num-classes`` where given, else the largest class
+present in the split + 1 (the length of the split's ``class_pixels``). No timestamps: the
+same records give the same bytes on every runner (local, Beam, into a bucket), and a
+table built later from the masks (``tfshards.records()`` on a dataset converted before
+tables) gives the bytes the conversion would have written.
 """
 
 from __future__ import annotations
