@@ -15,9 +15,10 @@ from conftest import MEMBRANE, run_json_script, write_pairs
 from PIL import Image
 
 import tfshards
+from tfshards import storage
 from tfshards.checks.shard_io import shard_examples
 from tfshards.cli import main
-from tfshards.errors import RecordTableError
+from tfshards.errors import ManifestError, RecordTableError
 from tfshards.schemas.manifest import Manifest
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.record_table import GRID, RecordTable, record_row
@@ -228,13 +229,55 @@ def test_local_beam_and_bucket_tables_are_identical(tmp_path, s3_bucket):
     beam = tfshards.convert(
         images, masks, tmp_path / "beam", runner=beam_runner("--runner=DirectRunner"), **settings
     )
-    bucket = tfshards.convert(images, masks, f"{s3_bucket}/shards", **settings)
+    url = f"{s3_bucket}/shards"
+    bucket = tfshards.convert(images, masks, url, **settings)
     for split in local.splits:
         digests = {m.splits[split].record_table.sha256 for m in (local, beam, bucket)}
         assert len(digests) == 1, split
-        from_bucket = tfshards.records(f"{s3_bucket}/shards", split)
+        from_bucket = tfshards.records(url, split)
         assert from_bucket.to_bytes() == (tmp_path / "local" / f"{split}.records").read_bytes()
-    assert tfshards.verify(f"{s3_bucket}/shards").ok
+    assert tfshards.verify(url).ok
+    # --overwrite: the old dataset's leftovers go after the new manifest, not its tables
+    tfshards.convert(images, masks, url, overwrite=True, **{**settings, "seed": 4})
+    assert len(tfshards.records(url, "val")) == Manifest.load(url).splits["val"].records
+    # a dataset in a bucket converted before tables: built from downloaded shards
+    written = storage.read_bytes(f"{url}/train.records")
+    body = json.loads(storage.read_bytes(f"{url}/tfshards.json"))
+    del body["splits"]["train"]["record_table"]
+    storage.write_bytes(f"{url}/tfshards.json", json.dumps(body).encode())
+    storage.remove(f"{url}/train.records")
+    assert tfshards.records(url, "train").to_bytes() == written
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_odd_keys_and_sizes_round_trip_and_build_alike(tmp_path, compression):
+    images, masks = write_pairs(tmp_path / "data", 6)
+    for folder in (images, masks):  # a name that is not UTF-8, and one that is not ASCII
+        os.rename(bytes(folder / "003.png"), bytes(folder) + b"/\xff\xfe3.png")
+        os.rename(folder / "004.png", folder / "\u00fc4.png")
+    Image.new("RGB", (7, 10)).save(images / "005.png")  # another size
+    Image.new("L", (7, 10), 2).save(masks / "005.png")
+    out = tmp_path / "out"
+    tfshards.convert(images, masks, out, compression=compression, **{**SETTINGS, "val_fraction": 0})
+    table = tfshards.records(out)
+    assert sorted(table.keys) == sorted(["000", "001", "002", "\udcff\udcfe3", "\u00fc4", "005"])
+    small = list(table.keys).index("005")
+    assert (table.heights[small], table.widths[small], table.cells(small, 2)) == (10, 7, 0xFFFF)
+    assert tfshards.verify(out).ok
+    written = (out / "train.records").read_bytes()
+    _drop_table(out)
+    assert tfshards.records(out).to_bytes() == written
+
+
+def test_a_missing_dataset_or_a_table_outside_it_is_refused(tmp_path):
+    with pytest.raises(ManifestError, match="no such folder"):
+        tfshards.records(tmp_path / "nowhere")
+    out = _converted(tmp_path)
+    body = json.loads((out / "tfshards.json").read_text())
+    body["splits"]["train"]["record_table"]["file"] = "../train.records"
+    (out / "tfshards.json").write_text(json.dumps(body))
+    with pytest.raises(ManifestError, match="'../train.records' is refused"):
+        tfshards.records(out)
 
 
 def test_overwrite_replaces_the_tables_too(tmp_path):
