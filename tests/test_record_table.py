@@ -18,7 +18,7 @@ import tfshards
 from tfshards import storage
 from tfshards.checks.shard_io import shard_examples
 from tfshards.cli import main
-from tfshards.errors import ManifestError, RecordTableError
+from tfshards.errors import ManifestError, OptionsError, RecordTableError
 from tfshards.schemas.manifest import Manifest
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.record_table import GRID, RecordTable, record_row
@@ -272,6 +272,8 @@ def test_odd_keys_and_sizes_round_trip_and_build_alike(tmp_path, compression):
 def test_a_missing_dataset_or_a_table_outside_it_is_refused(tmp_path):
     with pytest.raises(ManifestError, match="no such folder"):
         tfshards.records(tmp_path / "nowhere")
+    with pytest.raises(OptionsError, match="split must be a non-empty string; got 0"):
+        tfshards.records(tmp_path, 0)
     out = _converted(tmp_path)
     body = json.loads((out / "tfshards.json").read_text())
     body["splits"]["train"]["record_table"]["file"] = "../train.records"

@@ -38,7 +38,7 @@ _READER_NAMES = (
 )
 # Random access by index needs no TensorFlow (PyTorch, Grain), nor does the per-record
 # table: imported on first use too.
-_SOURCE_NAMES = ("Pairs", "PairDecodeError", "records", "torch_pair")
+_SOURCE_NAMES = ("Pairs", "PairDecodeError", "torch_pair")
 
 
 def __getattr__(name: str):
@@ -60,6 +60,10 @@ def __getattr__(name: str):
         from tfshards import sources
 
         return getattr(sources, name)
+    if name == "records":  # the function; tfshards.sources.records is a module
+        from tfshards.sources.record_tables import records
+
+        return records
     raise AttributeError(f"module 'tfshards' has no attribute {name!r}")
 
 

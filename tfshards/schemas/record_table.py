@@ -202,7 +202,14 @@ class ClassPixels:
 
 @dataclass(frozen=True, eq=False)
 class RecordTable:
-    """A split's per-record table (see the module docstring); ``tfshards.records()`` loads it."""
+    """A split's per-record table (see the module docstring); ``tfshards.records()`` loads it.
+
+    ``len(table)`` records in the split's manifest order; ``table.keys[i]`` the keys;
+    ``table.heights``, ``table.widths``, ``table.ignored_pixels`` one value per record;
+    ``table.class_pixels`` indexed like an int64 ``[records, num_classes]`` array
+    (``np.asarray`` makes it one); ``presence(c)``, ``records_with(c)`` and
+    ``cells(i, c)`` where class ``c`` is; ``row(i)`` one record's entry.
+    """
 
     key_ends: np.ndarray
     key_bytes: np.ndarray

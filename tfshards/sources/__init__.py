@@ -4,7 +4,6 @@ ordered reader and the random-access sources for other frameworks (``Pairs``: Py
 
 from tfshards.sources.pairs import Pairs, torch_pair
 from tfshards.sources.pixel_batches import PairDecodeError
-from tfshards.sources.record_tables import records
 from tfshards.sources.records import SplitRecords
 
-__all__ = ["PairDecodeError", "Pairs", "SplitRecords", "records", "torch_pair"]
+__all__ = ["PairDecodeError", "Pairs", "SplitRecords", "torch_pair"]

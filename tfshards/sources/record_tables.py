@@ -25,6 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tfshards import storage
+from tfshards.arguments import checked_bool, checked_path, checked_str
 from tfshards.checks.shard_io import local_shard
 from tfshards.errors import ManifestError, RecordTableError
 from tfshards.schemas.format import MANIFEST_NAME, RECORDS_SUFFIX
@@ -68,6 +69,9 @@ def records(
     more than a few seconds) and kept in the user cache folder. RecordTableError names
     the file when a table is damaged or disagrees with the manifest.
     """
+    checked_path("path", path)
+    checked_str("split", split)
+    checked_bool("progress", progress)
     root = str(path).rstrip("/") if storage.is_url(path) else Path(path)
     text, manifest = _manifest(root, storage_options)
     if split not in manifest.splits:
