@@ -182,7 +182,7 @@ def add_records(sub: argparse._SubParsersAction) -> None:
         "dataset converted before tfshards wrote tables gets its table built by one pass "
         "over its masks and kept in the user cache folder (as tfshards.records() does). No "
         "TensorFlow is imported. Exit 0 when the table loads, 1 when it is damaged or "
-        "disagrees with the manifest (the error names the file).",
+        "disagrees with the manifest (the error names the file), 2 on bad usage.",
     )
     p.add_argument("dir", help="dataset folder or URL such as s3://bucket/shards")
     p.add_argument("--split", default="train", help="the split (default train)")
