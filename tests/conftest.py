@@ -92,11 +92,13 @@ def read_records(out: Path, split: str = "train") -> list[dict]:
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:
-    """Every shard file and the manifest, by name (for byte-identity checks)."""
+    """Every shard file, per-record table and the manifest, by name (for byte-identity
+    checks)."""
     return {
         p.name: p.read_bytes()
         for p in sorted(out.iterdir())
-        if p.name.endswith((".tfrecord", ".gz", ".zz", ".json")) and not p.name.startswith(".")
+        if p.name.endswith((".tfrecord", ".gz", ".zz", ".json", ".records"))
+        and not p.name.startswith(".")
     }
 
 

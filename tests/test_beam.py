@@ -22,7 +22,7 @@ def test_beam_and_local_output_are_byte_identical(tmp_path):
     beam = convert(images, masks, tmp_path / "beam", runner=beam_runner(BEAM_ARGS), **kwargs)
     assert beam == local
     assert shard_bytes(tmp_path / "beam") == shard_bytes(tmp_path / "local")
-    assert len(shard_bytes(tmp_path / "beam")) == 4 + 1 + 1
+    assert len(shard_bytes(tmp_path / "beam")) == 4 + 1 + 1 + 2  # shards, manifest, tables
 
 
 def test_beam_conversion_error_names_the_pair_and_leaves_no_manifest(tmp_path):

@@ -48,6 +48,7 @@ def test_a_script_without_the_main_guard_converts_with_workers(tmp_path):
         "train-00000-of-00003.tfrecord",
         "train-00001-of-00003.tfrecord",
         "train-00002-of-00003.tfrecord",
+        "train.records",
     ]
 
 

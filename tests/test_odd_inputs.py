@@ -242,8 +242,9 @@ def test_a_failed_conversion_never_blocks_the_obvious_retry(tmp_path):
     # the same command with the option fixed just works, without --resume or --overwrite
     tfshards.convert(images, masks, out, num_classes=3, workers=1, progress=False)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("train-")) == [
-        "tfshards.json"
-    ], "a finished folder holds the shards and the manifest, no lock or work folder"
+        "tfshards.json",
+        "train.records",
+    ], "a finished folder holds the shards, the table and the manifest, no lock or work folder"
     # a finished dataset is still protected from a plain rerun
     with pytest.raises(OutputError, match="holds a complete dataset"):
         tfshards.convert(images, masks, out, num_classes=3, workers=1, progress=False)

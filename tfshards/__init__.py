@@ -13,12 +13,14 @@ from tfshards.errors import (
     OutputError,
     PairError,
     PairingError,
+    RecordTableError,
     TfshardsError,
 )
 from tfshards.malloc_arenas import cap_malloc_arenas
 from tfshards.readers.folds import folds
 from tfshards.readers.sampling import ClassBalanced
 from tfshards.schemas import Manifest
+from tfshards.schemas.record_table import RecordTable
 
 # Before TensorFlow's threads make their arenas; see malloc_arenas for why and the opt-out.
 cap_malloc_arenas()
@@ -31,11 +33,14 @@ _READER_NAMES = (
     "read",
     "ReadOptions",
     "ReadState",
+    "RecordTable",
+    "RecordTableError",
     "ResumeCallback",
     "list_caches",
     "clear_caches",
 )
-# Random access by index needs no TensorFlow (PyTorch, Grain): imported on first use too.
+# Random access by index needs no TensorFlow (PyTorch, Grain), nor does the per-record
+# table: imported on first use too.
 _SOURCE_NAMES = ("Pairs", "PairDecodeError", "torch_pair")
 
 
@@ -58,6 +63,10 @@ def __getattr__(name: str):
         from tfshards import sources
 
         return getattr(sources, name)
+    if name == "records":  # the function; tfshards.sources.records is a module
+        from tfshards.sources.record_tables import records
+
+        return records
     raise AttributeError(f"module 'tfshards' has no attribute {name!r}")
 
 
@@ -76,6 +85,8 @@ __all__ = [
     "Pairs",
     "ReadOptions",
     "ReadState",
+    "RecordTable",
+    "RecordTableError",
     "ResumeCallback",
     "TfshardsError",
     "VerifyReport",
@@ -89,6 +100,7 @@ __all__ = [
     "list_caches",
     "pair_files",
     "read",
+    "records",
     "synth",
     "torch_pair",
     "verify",

@@ -44,3 +44,8 @@ class StorageError(TfshardsError, OSError):
 
 class DatasetChangedError(TfshardsError):
     """A shard changed on disk while a reader was reading it (e.g. ``convert --overwrite``)."""
+
+
+class RecordTableError(TfshardsError):
+    """A split's per-record table (``<split>.records``) that cannot be read, or that
+    disagrees with its manifest or its shards."""

@@ -1,7 +1,7 @@
 """The `tfshards` command: argparse subcommands. Results go to stdout, errors to stderr.
 
 Exit codes: 0 success, 1 the job failed, 2 bad usage. The subcommands live in
-``make.py`` (synth, convert, demo), ``datasets.py`` (verify, inspect,
+``make.py`` (synth, convert, demo), ``datasets.py`` (verify, inspect, records,
 export-tfds, cache) and ``bench.py`` (bench).
 """
 
@@ -20,7 +20,13 @@ import tempfile
 from collections.abc import Callable, Sequence
 
 from tfshards.cli.bench import add_bench
-from tfshards.cli.datasets import add_cache, add_export_tfds, add_inspect, add_verify
+from tfshards.cli.datasets import (
+    add_cache,
+    add_export_tfds,
+    add_inspect,
+    add_records,
+    add_verify,
+)
 from tfshards.cli.make import add_convert, add_demo, add_synth
 from tfshards.errors import OptionsError, TfshardsError
 
@@ -172,6 +178,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_demo,
     add_verify,
     add_inspect,
+    add_records,
     add_export_tfds,
     add_cache,
     add_bench,

@@ -1,4 +1,4 @@
-"""`tfshards` subcommands that look at converted datasets: verify, inspect, cache,
+"""`tfshards` subcommands that look at converted datasets: verify, inspect, records, cache,
 export-tfds. Wired into the parser by cli/__init__.py."""
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
         help="check every shard and record against the manifest",
         description="Read every record of every shard: sizes and sha256 against the manifest, "
         "TFRecord CRCs, record counts, every record parses and decodes, image and mask shapes "
-        "agree, mask values below num_classes, keys unique across splits. Exit 0 when all "
-        "holds, 1 naming each bad shard.",
+        "agree, mask values below num_classes, keys unique across splits, each split's "
+        "per-record table (size, sha256, rows; with every record, each row against its "
+        "mask). Exit 0 when all holds, 1 naming each bad shard or table.",
     )
     p.add_argument("dir", help="dataset folder or URL such as s3://bucket/shards")
     p.add_argument("--quick", action="store_true", help="check sizes and hashes only")
@@ -206,3 +207,59 @@ def _print_exposure(args: argparse.Namespace, options) -> None:
     )
     print(f"\n{balanced.describe()}")
     print(report.describe())
+
+
+def add_records(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "records",
+        help="load (or build once) a split's per-record table; summarize it per class",
+        description="Load the per-record table of a split (what each record holds: key, "
+        "size, pixels of each class and where they lie), checked against the manifest, and "
+        "print how many records hold each class and each class's share of the pixels. A "
+        "dataset converted before tfshards wrote tables gets its table built by one pass "
+        "over its masks and kept in the user cache folder (as tfshards.records() does). No "
+        "TensorFlow is imported. Exit 0 when the table loads, 1 when it is damaged or "
+        "disagrees with the manifest (the error names the file), 2 on bad usage.",
+    )
+    p.add_argument("dir", help="dataset folder or URL such as s3://bucket/shards")
+    p.add_argument("--split", default="train", help="the split (default train)")
+    add_storage_option(p)
+    p.set_defaults(run=_run_records)
+
+
+def _run_records(args: argparse.Namespace) -> int:
+    from tfshards.schemas.manifest import Manifest
+    from tfshards.sources.record_tables import records
+    from tfshards.storage import parse_options
+
+    options = parse_options(args.storage_option)
+    table = records(args.dir, args.split, storage_options=options, progress=not args.quiet)
+    listed = Manifest.load(args.dir, options).splits[args.split].record_table
+    where = f"{listed.file}, {listed.bytes} bytes" if listed else "built, in the user cache"
+    print(f"{args.split}: {len(table)} records, {table.num_classes} classes ({where})")
+    print(_class_summary(table))
+    return 0
+
+
+_WIDTHS = (5, 10, 10, 14, 9)
+
+
+def _class_summary(table) -> str:  # noqa: ANN001 - a RecordTable (imported in _run_records)
+    """Per class: the records that hold it and its share of the labelled pixels."""
+    import numpy as np
+
+    holding = np.bincount(table.class_ids, minlength=table.num_classes)
+    pixels = table.class_totals()
+    total, count = max(int(pixels.sum()), 1), max(len(table), 1)
+    heads = ("class", "records", "of records", "pixels", "of pixels")
+    lines = [" ".join(f"{head:>{width}s}" for head, width in zip(heads, _WIDTHS, strict=True))]
+    for klass in range(table.num_classes):
+        share = (holding[klass] / count, pixels[klass] / total)
+        lines.append(
+            f"{klass:5d} {int(holding[klass]):10d} {share[0]:10.1%} "
+            f"{int(pixels[klass]):14d} {share[1]:9.2%}"
+        )
+    ignored = int(table.ignored_pixels.sum(dtype=np.int64))
+    if ignored:
+        lines.append(f"ignored pixels (ignore_label): {ignored}")
+    return "\n".join(lines)

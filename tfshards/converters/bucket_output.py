@@ -201,6 +201,7 @@ class BucketOutput:
         storage.remove(self.work, self.storage_options, recursive=True)
         kept = {shard.file for split in manifest.splits.values() for shard in split.shards}
         kept |= {name + INDEX_SUFFIX for name in kept}
+        kept |= {s.record_table.file for s in manifest.splits.values() if s.record_table}
         for name in self._leftovers:
             if name not in kept:  # old TFDS files too: export-tfds writes new ones after
                 storage.remove(self._url(name), self.storage_options)

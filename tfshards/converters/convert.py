@@ -22,6 +22,7 @@ from tfshards.arguments import (
     checked_path,
     checked_str,
 )
+from tfshards.checks.shard_io import local_shard
 from tfshards.converters.bucket_output import BucketOutput
 from tfshards.converters.local import write_and_upload, write_shards
 from tfshards.converters.mask_values import check_mask_values, sample_mask_values
@@ -35,8 +36,8 @@ from tfshards.converters.shard_job import (
     ShardResult,
 )
 from tfshards.converters.validation import image_channels
-from tfshards.errors import OptionsError, PairingError
-from tfshards.schemas.format import image_encoding
+from tfshards.errors import OptionsError, OutputError, PairingError
+from tfshards.schemas.format import image_encoding, record_table_name
 from tfshards.schemas.manifest import (
     CompressionInfo,
     ImageInfo,
@@ -44,7 +45,9 @@ from tfshards.schemas.manifest import (
     MaskInfo,
     ShardInfo,
     SplitInfo,
+    TableInfo,
 )
+from tfshards.schemas.record_table import RecordTable, shard_rows
 from tfshards.storage import FileStat, Location, StorageOptions, stat
 
 log = logging.getLogger("tfshards")
@@ -276,7 +279,9 @@ def _write_dataset(
         for result in results_of:
             folder.record(result)
             results[result.file] = result
-        return _manifest(specs, results, options, source, report), len(todo), len(begun), False
+        manifest = _manifest(specs, results, options, source, report)
+        manifest = _with_record_tables(target, manifest, specs, results, store)
+        return manifest, len(todo), len(begun), False
 
     with _output(out, run, cli) as folder:
         if not (isinstance(folder, OutputFolder) and folder.replacing):
@@ -365,6 +370,48 @@ def _estimated_pair_bytes(
                 continue
         pixels = sum(sizes) // max(len(sizes), 1)
     return np.full(len(pairs), pixels * (channels + 1), np.int64)
+
+
+def _with_record_tables(
+    out: Location,
+    manifest: Manifest,
+    specs: list[ShardSpec],
+    results: dict[str, ShardResult],
+    store: StorageOptions,
+) -> Manifest:
+    """Write each split's per-record table beside its shards (before the manifest, which
+    lists it): the shards' rows in the split's manifest order, with the split's classes
+    (``--num-classes`` when given, else the largest class present + 1)."""
+    splits = {}
+    for name, split in manifest.splits.items():
+        tables = [
+            _shard_table(out, results[spec.file_name], manifest, store)
+            for spec in specs
+            if spec.split == name
+        ]
+        data = RecordTable.concatenated(tables, len(split.class_pixels)).to_bytes()
+        file = record_table_name(name)
+        storage.write_bytes(storage.join(out, file), data, store)
+        table = TableInfo(file, len(data), hashlib.sha256(data).hexdigest())
+        splits[name] = replace(split, record_table=table)
+    return replace(manifest, splits=splits)
+
+
+def _shard_table(
+    out: Location, result: ShardResult, manifest: Manifest, store: StorageOptions
+) -> RecordTable:
+    """A shard's rows of the table: from its result, or, for a shard journaled by a
+    tfshards without tables (then reused by --resume), from the masks in its file."""
+    table = result.table()
+    if table is not None:
+        return table
+    where = storage.display(storage.join(out, result.file))
+    with local_shard(out, result.file, store) as local:
+        if local is None:
+            raise OutputError(f"{where}: missing, though the resume journal lists it")
+        ignore = manifest.mask.ignore_label
+        rows = list(shard_rows(local, manifest.compression.type, ignore, where))
+    return RecordTable.from_rows(rows, 256)
 
 
 def _manifest(

@@ -5,6 +5,7 @@ This runs in worker processes, which import neither TensorFlow nor tqdm.
 
 from __future__ import annotations
 
+import base64
 import multiprocessing
 import signal
 import tempfile
@@ -26,6 +27,7 @@ from tfshards.schemas import deflate
 from tfshards.schemas.format import image_encoding, index_path, mask_encoding
 from tfshards.schemas.manifest import SkippedPair
 from tfshards.schemas.record import EncodedPair
+from tfshards.schemas.record_table import RecordRow, RecordTable, record_row
 from tfshards.storage import Location, StorageOptions
 
 ProgressCallback = Callable[[int, int], None]  # (pairs done, source bytes read)
@@ -42,6 +44,17 @@ class ShardResult:
     image_sizes: list[tuple[int, int]]  # distinct (height, width), at most two kept
     skipped: list[SkippedPair] = field(default_factory=list)
     crc32c: str | None = None  # None in a journal written before tfshards had it
+    # The shard's rows of the per-record table (schemas/record_table.py), as the base64 of
+    # a table's bytes: it travels in the journal (JSON) from any runner. None in a journal
+    # written before tfshards had it.
+    record_table: str | None = None
+
+    def table(self) -> RecordTable | None:
+        """The shard's per-record table (its rows, in record order), if it has one."""
+        if self.record_table is None:
+            return None
+        data = base64.b64decode(self.record_table)
+        return RecordTable.from_bytes(data, where=f"the journal entry of {self.file}")
 
 
 def write_shard(
@@ -88,6 +101,7 @@ def _write_file(
     class_pixels = np.zeros(256, dtype=np.int64)
     sizes: list[tuple[int, int]] = []
     skipped: list[SkippedPair] = []
+    rows: list[RecordRow] = []
     with ShardWriter(
         out_dir / spec.file_name,
         compression=options.compression,
@@ -104,7 +118,11 @@ def _write_file(
                 _report(progress, 0)
                 continue
             writer.write(record)
-            class_pixels += np.bincount(prepared.mask.ravel(), minlength=256)
+            row = record_row(prepared.key, prepared.mask, options.ignore_label)
+            rows.append(row)
+            class_pixels[row.class_ids] += row.class_counts
+            if options.ignore_label is not None:
+                class_pixels[options.ignore_label] += row.ignored_pixels
             if prepared.mask.shape not in sizes and len(sizes) < 2:
                 sizes.append(prepared.mask.shape)
             source_bytes = len(prepared.image_source.data) + len(prepared.mask_source.data)
@@ -119,6 +137,7 @@ def _write_file(
         class_pixels=class_pixels.tolist(),
         image_sizes=sizes,
         skipped=skipped,
+        record_table=base64.b64encode(RecordTable.from_rows(rows, 256).to_bytes()).decode(),
     )
 
 

@@ -404,16 +404,19 @@ JOURNAL_DONE = "done"  # in WORK_NAME: one JSON per completed shard
 NEXT_NAME = "next"  # in WORK_NAME: the new dataset --overwrite builds beside a complete one
 CACHE_DIR_NAME = ".tfshards-cache"  # disk caches beside the shards
 INDEX_SUFFIX = ".idx"
+RECORDS_SUFFIX = ".records"  # a split's per-record table: ``train.records`` (record_table.py)
 TFDS_FILES = ("dataset_info.json", "features.json")  # written by export-tfds
 TMP_SUFFIX = ".tmp"
 SPLITS = ("train", "val", "test")
 _SUFFIXES = "|".join(re.escape(c.suffix) for c in COMPRESSIONS.values() if c.suffix)
 # What verify reports as a stray shard when the manifest does not list it.
 SHARD_LIKE = re.compile(rf"\.tfrecord({_SUFFIXES})?$|-of-\d{{5}}")
-# Anything tfshards writes beside the manifest: shards, index files, their temporary names.
+# Anything tfshards writes beside the manifest: shards, index files, per-record tables, their
+# temporary names.
 OWN_FILE = re.compile(
     rf"^\.?({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord({_SUFFIXES})?"
     rf"({re.escape(INDEX_SUFFIX)})?({re.escape(TMP_SUFFIX)})?$"
+    rf"|^\.?({'|'.join(SPLITS)}){re.escape(RECORDS_SUFFIX)}({re.escape(TMP_SUFFIX)})?$"
 )
 OWN_NAMES = frozenset({MANIFEST_NAME, LOCK_NAME, WORK_NAME, CACHE_DIR_NAME})
 
@@ -421,6 +424,11 @@ OWN_NAMES = frozenset({MANIFEST_NAME, LOCK_NAME, WORK_NAME, CACHE_DIR_NAME})
 def shard_file_name(split: str, index: int, count: int, compression_name: str) -> str:
     """``train-00003-of-00016.tfrecord.gz``: split, index, count, compression suffix."""
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSIONS[compression_name].suffix}"
+
+
+def record_table_name(split: str) -> str:
+    """``train.records``: the per-record table of a split, beside its shards."""
+    return f"{split}{RECORDS_SUFFIX}"
 
 
 def temporary_path(path: Path) -> Path:

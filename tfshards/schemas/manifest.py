@@ -14,14 +14,18 @@ Layout (JSON object)::
     options           a record of how the data was made: every ConvertOptions field as
                       resolved (for people and --resume); readers use the sections above
     source            {"images", "masks", "image_pattern", "mask_pattern"}
-    splits            {name: {"records", "bytes", "class_pixels", "mask_values", "shards":
-                      [{"file", "records", "bytes", "sha256", "crc32c"}]}}
+    splits            {name: {"records", "bytes", "class_pixels", "mask_values",
+                      "ignored_pixels", "shards": [{"file", "records", "bytes", "sha256",
+                      "crc32c"}], "record_table": {"file", "bytes", "sha256"}}}
     skipped           [{"key", "file", "reason"}] pairs left out by --on-error skip
     unpaired          {"images", "masks", "duplicate_keys", "ignored_files"} counts
 
 ``class_pixels[i]`` counts mask pixels of class i in that split (after any mask
-map); ``mask_values`` lists the classes present there. Shard ``file``
-names are plain file names inside the dataset folder; anything else is refused.
+map); ``mask_values`` lists the classes present there. ``record_table`` names the
+split's per-record table (``<split>.records``, written before the manifest; its byte
+layout is in ``schemas/record_table.py``); a manifest written before tfshards wrote
+tables has none, and ``tfshards.records()`` builds it on first use. Shard and table
+``file`` names are plain file names inside the dataset folder; anything else is refused.
 The manifest holds no timestamps, so the same inputs give the same bytes.
 """
 
@@ -135,6 +139,15 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class TableInfo:
+    """A split's per-record table file (``schemas/record_table.py``)."""
+
+    file: str
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class SplitInfo:
     records: int
     bytes: int
@@ -142,6 +155,7 @@ class SplitInfo:
     shards: list[ShardInfo]
     mask_values: list[int] = field(default_factory=list)
     ignored_pixels: int = 0  # pixels at the mask's ignore_label, outside class_pixels
+    record_table: TableInfo | None = None  # None: converted before tfshards wrote tables
 
 
 @dataclass(frozen=True)
@@ -181,6 +195,9 @@ class Manifest:
             "record_schema": schema_description(),
             **{k: v for k, v in asdict(self).items() if k != "schema_version"},
         }
+        for split in body["splits"].values():  # a split without a table, as before tables
+            if split["record_table"] is None:
+                del split["record_table"]
         return json.dumps(body, indent=2, sort_keys=False) + "\n"
 
     def save(self, folder: Location, storage_options: StorageOptions = None) -> Location:
@@ -285,6 +302,10 @@ def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:
             f"split {name!r}: records ({raw['records']}) differ from the sum over its shards "
             f"({sum(shard.records for shard in shards)})"
         )
+    table = raw.get("record_table")
+    if table is not None:
+        table = TableInfo(**table)
+        _check_shard_name(table.file)
     return SplitInfo(
         records=raw["records"],
         bytes=raw["bytes"],
@@ -292,6 +313,7 @@ def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:
         mask_values=list(raw.get("mask_values", _present(raw["class_pixels"]))),
         ignored_pixels=raw.get("ignored_pixels", 0),
         shards=shards,
+        record_table=table,
     )
 
 

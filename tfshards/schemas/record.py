@@ -115,25 +115,36 @@ def decode_record(features: Mapping[str, bytes | int | None]) -> DecodedRecord:
 
     Raises ValueError saying which feature is missing or which pixels do not decode.
     """
+    _check_features(features)
+    key = features["key"].decode("utf-8", "replace")
+    return DecodedRecord(key, _plane(features, "image"), _plane(features, "mask")[:, :, 0])
+
+
+def decode_mask(features: Mapping[str, bytes | int | None]) -> tuple[str, np.ndarray]:
+    """The key (as the converter had it: ``os.fsdecode``, the inverse of the writer's
+    ``os.fsencode``) and the mask uint8 [H, W] of a parsed record, the image left
+    undecoded (the per-record table's pass over a dataset); ValueError as
+    :func:`decode_record`."""
+    _check_features(features)
+    return os.fsdecode(features["key"]), _plane(features, "mask")[:, :, 0]
+
+
+def _check_features(features: Mapping[str, bytes | int | None]) -> None:
     missing = [f.name for f in FIELDS if features.get(f.name) is None]
     if missing:
         raise ValueError(f"missing features {missing}")
+
+
+def _plane(features: Mapping[str, bytes | int | None], part: str) -> np.ndarray:
+    """The decoded pixels uint8 [H, W, C] of ``part`` ("image" or "mask")."""
     height, width = int(features["image/height"]), int(features["image/width"])
-    planes = {}
-    for field in FIELDS:
-        if field.pixels is None:
-            continue
-        part = field.pixels
-        channels = int(features[f"{part}/channels"])
-        try:
-            planes[part] = decode_pixels(
-                features[field.name],
-                features[f"{part}/format"].decode(errors="replace"),
-                height,
-                width,
-                channels,
-            )
-        except (ValueError, OSError, KeyError) as exc:
-            raise ValueError(f"{part} does not decode: {exc}") from exc
-    key = features["key"].decode("utf-8", "replace")
-    return DecodedRecord(key, planes["image"], planes["mask"][:, :, 0])
+    try:
+        return decode_pixels(
+            features[f"{part}/encoded"],
+            features[f"{part}/format"].decode(errors="replace"),
+            height,
+            width,
+            int(features[f"{part}/channels"]),
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        raise ValueError(f"{part} does not decode: {exc}") from exc

@@ -5,34 +5,59 @@ One row per record, in the split's manifest order (shard by shard, record by rec
     key               the pair's key
     height, width     the record's size in pixels
     ignored pixels    mask pixels at the manifest's ignore_label
-    class entries     for each class present: (class, pixel count, cells), where ``cells``
-                      is a 16-bit mask of the GRID x GRID cells of the record in which the
-                      class appears (bit ``row * GRID + column``), enough to centre a crop
-                      on the class
+    class entries     for each class present (ascending; the ignore_label is no class):
+                      (class, pixel count, cells), where ``cells`` is a 16-bit mask of the
+                      GRID x GRID cells of the record in which the class appears: pixel
+                      (y, x) of an H x W record lies in cell ``row * GRID + column`` with
+                      ``row = y * GRID // H`` and ``column = x * GRID // W``, and sets
+                      that bit; enough to centre a crop on the class
 
 Class entries are stored sparsely (compressed sparse rows): a record with 4 classes of 20
 costs 4 entries, not 20 counts, so 10M records fit in well under 1 GB. Integer columns take
 the smallest unsigned type that holds their values.
 
-File layout (``<split>.records``, written beside the shards, listed in the manifest with
-its sha256): the magic line ``tfshards-records 1\\n``, a little-endian uint32 header length,
-a UTF-8 JSON header ``{"records", "num_classes", "grid", "columns": [{"name", "dtype",
-"length"}]}``, then each column's bytes in header order. No timestamps and no padding:
-the same records give the same bytes on every runner.
+File layout (``<split>.records``, written beside the shards before the manifest, which
+lists it with its size and sha256): the magic line ``tfshards-records 1\n``, a
+little-endian uint32 header length, a UTF-8 JSON header (sorted keys) ``{"records",
+"num_classes", "grid", "columns": [{"name", "dtype", "length"}]}``, then each column's
+bytes, little-endian, in header order, without padding:
+
+    key_ends        the end of each key in key_bytes (its start: the previous end, or 0)
+    key_bytes       the keys, UTF-8 (``surrogatepass``: file names that are not UTF-8
+                    round-trip), one after another
+    heights, widths, ignored_pixels    one value per record
+    class_ends      the end of each record's class entries (its start: the previous end)
+    class_ids, class_counts            one value per class entry
+    class_cells     uint16, one per class entry
+
+``num_classes`` is the manifest's: ``--num-classes`` where given, else the largest class
+present in the split + 1 (the length of the split's ``class_pixels``). No timestamps: the
+same records give the same bytes on every runner (local, Beam, into a bucket), and a
+table built later from the masks (``tfshards.records()`` on a dataset converted before
+tables) gives the bytes the conversion would have written.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from tfshards.errors import TfshardsError
+from tfshards.errors import RecordTableError
+from tfshards.schemas.format import COMPRESSIONS
+from tfshards.schemas.manifest import SplitInfo
+from tfshards.schemas.record import decode_mask
+from tfshards.schemas.tfrecord import RecordError, iter_records, parse_example
 
 GRID = 4  # cells per side of a record in which each class's presence is kept
+CELLS = GRID * GRID  # bits of a class entry's ``cells`` (uint16)
+_CELL_BITS = 1 << np.arange(CELLS, dtype=np.int64)
 MAGIC = b"tfshards-records 1\n"
 _CODEC = ("utf-8", "surrogatepass")
 _COLUMNS = (
@@ -46,10 +71,6 @@ _COLUMNS = (
     "class_counts",
     "class_cells",
 )
-
-
-class RecordTableError(TfshardsError):
-    """A per-record table that cannot be read, or that disagrees with its dataset."""
 
 
 def smallest_unsigned(values: np.ndarray) -> np.ndarray:
@@ -76,30 +97,37 @@ class RecordRow:
 
 
 def record_row(key: str, mask: np.ndarray, ignore_label: int | None) -> RecordRow:
-    """The table's row of one mask (class indices, ``ignore_label`` pixels counted apart)."""
+    """The table's row of one mask (class indices, ``ignore_label`` pixels counted apart).
+
+    One ``bincount`` of ``class * CELLS + cell`` gives both each class's pixels (a row's
+    sum) and the cells it appears in (the row's non-zero entries)."""
     mask = np.asarray(mask)
     if mask.ndim == 3:
         mask = mask[..., 0]
     height, width = mask.shape
-    counts = np.bincount(mask.ravel(), minlength=1)
+    codes = mask.astype(np.intp)
+    codes *= CELLS
+    codes += _cell_of_pixel(height, width)
+    classes = int(mask.max(initial=0)) + 1
+    hits = np.bincount(codes.ravel(), minlength=classes * CELLS).reshape(classes, CELLS)
+    counts = hits.sum(axis=1)
     ignored = 0
-    if ignore_label is not None and ignore_label < len(counts):
+    if ignore_label is not None and ignore_label < classes:
         ignored = int(counts[ignore_label])
         counts[ignore_label] = 0
     ids = np.flatnonzero(counts)
-    return RecordRow(key, height, width, ignored, ids, counts[ids], _cells(mask, ids))
+    cells = ((hits[ids] > 0) * _CELL_BITS).sum(axis=1).astype(np.uint16)
+    return RecordRow(key, height, width, ignored, ids, counts[ids], cells)
 
 
-def _cells(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """For each class in ``ids``, the bits of the grid cells where it appears."""
-    height, width = mask.shape
+@functools.lru_cache(maxsize=8)
+def _cell_of_pixel(height: int, width: int) -> np.ndarray:
+    """intp [height, width]: the grid cell (``row * GRID + column``) of every pixel."""
     rows = np.minimum(np.arange(height) * GRID // max(height, 1), GRID - 1)
     columns = np.minimum(np.arange(width) * GRID // max(width, 1), GRID - 1)
-    cell = (rows[:, None] * GRID + columns[None, :]).ravel()
-    seen = np.zeros((int(mask.max(initial=0)) + 1, GRID * GRID), bool)
-    seen[mask.ravel().astype(np.int64), cell] = True
-    bits = (seen[ids] * (1 << np.arange(GRID * GRID))).sum(axis=1)
-    return bits.astype(np.uint16)
+    cells = (rows[:, None] * GRID + columns[None, :]).astype(np.intp)
+    cells.flags.writeable = False
+    return cells
 
 
 class Keys(Sequence[str]):
@@ -174,7 +202,14 @@ class ClassPixels:
 
 @dataclass(frozen=True, eq=False)
 class RecordTable:
-    """A split's per-record table (see the module docstring); ``tfshards.records()`` loads it."""
+    """A split's per-record table (see the module docstring); ``tfshards.records()`` loads it.
+
+    ``len(table)`` records in the split's manifest order; ``table.keys[i]`` the keys;
+    ``table.heights``, ``table.widths``, ``table.ignored_pixels`` one value per record;
+    ``table.class_pixels`` indexed like an int64 ``[records, num_classes]`` array
+    (``np.asarray`` makes it one); ``presence(c)``, ``records_with(c)`` and
+    ``cells(i, c)`` where class ``c`` is; ``row(i)`` one record's entry.
+    """
 
     key_ends: np.ndarray
     key_bytes: np.ndarray
@@ -203,6 +238,12 @@ class RecordTable:
                 )
         if entries and int(self.class_ids.max()) >= self.num_classes:
             raise RecordTableError(f"a class id is >= num_classes={self.num_classes}")
+        if self.grid != GRID:
+            raise RecordTableError(f"a grid of {self.grid} cells a side, not {GRID}")
+        for name, total in (("key_ends", len(self.key_bytes)), ("class_ends", entries)):
+            ends = getattr(self, name).astype(np.int64)
+            if records and (np.any(np.diff(ends) < 0) or ends[0] < 0 or ends[-1] != total):
+                raise RecordTableError(f"column {name} does not run from 0 to {total}")
 
     def __len__(self) -> int:
         return len(self.key_ends)
@@ -241,6 +282,53 @@ class RecordTable:
         ids = self.class_ids[start : int(self.class_ends[record])]
         hit = np.flatnonzero(ids == klass)
         return int(self.class_cells[start + hit[0]]) if hit.size else 0
+
+    def row(self, record: int) -> RecordRow:
+        """Record ``record``'s row, as :func:`record_row` computes it from the mask."""
+        start = int(self.class_ends[record - 1]) if record else 0
+        end = int(self.class_ends[record])
+        return RecordRow(
+            self.keys[record],
+            int(self.heights[record]),
+            int(self.widths[record]),
+            int(self.ignored_pixels[record]),
+            self.class_ids[start:end].astype(np.int64),
+            self.class_counts[start:end].astype(np.int64),
+            self.class_cells[start:end],
+        )
+
+    def class_totals(self) -> np.ndarray:
+        """int64 [num_classes]: the pixels of each class over all records."""
+        weights = self.class_counts.astype(np.float64)  # exact below 2**53 pixels
+        totals = np.bincount(self.class_ids, weights=weights, minlength=self.num_classes)
+        return totals.astype(np.int64)
+
+    @classmethod
+    def concatenated(cls, tables: Sequence[RecordTable], num_classes: int) -> RecordTable:
+        """The rows of ``tables`` one after another, as one table of ``num_classes``
+        classes; the same bytes as :meth:`from_rows` of all their rows."""
+
+        def joined(name: str, ends: bool = False) -> np.ndarray:
+            parts = [getattr(table, name).astype(np.int64) for table in tables]
+            if ends:  # each table's ends continue from the previous table's last
+                shifts = np.cumsum([0] + [int(p[-1]) if len(p) else 0 for p in parts[:-1]])
+                parts = [part + shift for part, shift in zip(parts, shifts, strict=True)]
+            return smallest_unsigned(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+        return cls(
+            key_ends=joined("key_ends", ends=True),
+            key_bytes=np.concatenate([t.key_bytes for t in tables] or [np.zeros(0, np.uint8)]),
+            heights=joined("heights"),
+            widths=joined("widths"),
+            ignored_pixels=joined("ignored_pixels"),
+            class_ends=joined("class_ends", ends=True),
+            class_ids=joined("class_ids"),
+            class_counts=joined("class_counts"),
+            class_cells=np.concatenate(
+                [t.class_cells for t in tables] or [np.zeros(0, np.uint16)]
+            ).astype(np.uint16),
+            num_classes=num_classes,
+        )
 
     @classmethod
     def from_rows(cls, rows: Iterable[RecordRow], num_classes: int) -> RecordTable:
@@ -311,3 +399,55 @@ def _parsed(data: bytes) -> RecordTable:
     if missing:
         raise ValueError(f"columns missing: {sorted(missing)}")
     return RecordTable(**columns, num_classes=int(header["num_classes"]), grid=header["grid"])
+
+
+def shard_rows(
+    path: Path, compression_name: str, ignore_label: int | None, where: str | None = None
+) -> Iterator[RecordRow]:
+    """The rows of one local shard's records, in order: a pass over its masks (images
+    are not decoded). RecordTableError names the shard (``where``, default ``path``) and
+    the record that fails."""
+    found = 0
+    try:
+        with COMPRESSIONS[compression_name].open(path) as stream:
+            for data in iter_records(stream):
+                key, mask = decode_mask(parse_example(data))
+                yield record_row(key, mask, ignore_label)
+                found += 1
+    except (ValueError, OSError, EOFError, RecordError) as exc:
+        raise RecordTableError(
+            f"{where or path}: record {found} cannot be read for the per-record table ({exc})"
+        ) from exc
+
+
+def check_against(table: RecordTable, split: SplitInfo, where: str) -> RecordTable:
+    """``table`` if it agrees with its split in the manifest (record count, classes, each
+    class's pixels and the ignored pixels), else RecordTableError naming ``where``."""
+    problem = None
+    if len(table) != split.records:
+        problem = f"{len(table)} rows, but the manifest's split has {split.records} records"
+    elif table.num_classes != len(split.class_pixels):
+        problem = (
+            f"{table.num_classes} classes, but the manifest's split counts "
+            f"{len(split.class_pixels)}"
+        )
+    elif table.class_totals().tolist() != list(split.class_pixels):
+        problem = "its pixels per class differ from the manifest's class_pixels"
+    elif int(table.ignored_pixels.sum(dtype=np.int64)) != split.ignored_pixels:
+        problem = "its ignored pixels differ from the manifest's ignored_pixels"
+    if problem is not None:
+        raise RecordTableError(f"{where}: {problem} (a table of another dataset?)")
+    return table
+
+
+def table_from_bytes(data: bytes, info: SplitInfo, where: str) -> RecordTable:
+    """The table in ``data``, read from the file the manifest lists as ``info.record_table``,
+    if its size, sha256 and contents agree with the manifest; else RecordTableError."""
+    listed = info.record_table
+    if len(data) != listed.bytes:
+        raise RecordTableError(
+            f"{where}: {len(data)} bytes, the manifest says {listed.bytes} (truncated or replaced)"
+        )
+    if hashlib.sha256(data).hexdigest() != listed.sha256:
+        raise RecordTableError(f"{where}: sha256 differs from the manifest (damaged or replaced)")
+    return check_against(RecordTable.from_bytes(data, where=where), info, where)
