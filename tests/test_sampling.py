@@ -352,3 +352,13 @@ def test_inspect_prints_a_sampled_epochs_shares(rare, capsys):
     report = out.split("sampled vs every record once")[1]
     row = next(line for line in report.splitlines() if line.strip().startswith(f"{RARE} "))
     assert row.split()[-1] == "2.00%"  # every record once: 2 of 100 hold it
+
+
+def test_keys_of_any_length_are_found_by_value():
+    keys = ["a", "bb", "b\x00", "é", "zz", "a1", "", "bb2", "x\udcff"]  # \udcff: not UTF-8
+    rows = [record_row(key, np.zeros((2, 2), np.uint8), None) for key in keys]
+    table = RecordTable.from_rows(rows, 1)
+    asked = ["zz", "a", "é", "bb2", "", "b\x00", "x\udcff"]
+    assert table.keys.positions(asked).tolist() == [keys.index(k) for k in asked]
+    with pytest.raises(Exception, match=r"1 keys are not in this split: 'q'"):
+        table.keys.positions(["q", "a"])
