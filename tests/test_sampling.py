@@ -362,3 +362,27 @@ def test_keys_of_any_length_are_found_by_value():
     assert table.keys.positions(asked).tolist() == [keys.index(k) for k in asked]
     with pytest.raises(Exception, match=r"1 keys are not in this split: 'q'"):
         table.keys.positions(["q", "a"])
+
+
+def test_records_outside_a_subset_are_never_read(rare, tmp_path):
+    """A flipped byte in a record outside the subset: the subset reads (each record read
+    is CRC-checked), the whole split does not."""
+    import shutil
+
+    from tfshards import Manifest
+    from tfshards.schemas.offsets import scan_offsets
+
+    dataset = tmp_path / "copy"
+    shutil.copytree(rare, dataset)
+    first = Manifest.load(dataset).splits["train"].shards[0]
+    offsets = scan_offsets(dataset / first.file)
+    with open(dataset / first.file, "r+b") as shard:  # record 0's data, mid-way
+        shard.seek(int(offsets.starts[0] + offsets.lengths[0] // 2))
+        byte = shard.read(1)
+        shard.seek(-1, 1)
+        shard.write(bytes([byte[0] ^ 0xFF]))
+    subset = np.arange(1, RECORDS)
+    assert len(sum(_pairs_read(dataset, seed=0, records=subset), [])) == RECORDS - 1
+    assert len(tfshards.Pairs(dataset, records=subset)[0]) == 2
+    with pytest.raises(Exception, match="CRC|crc|checksum"):
+        _pairs_read(dataset, seed=0)
