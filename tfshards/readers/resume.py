@@ -137,9 +137,12 @@ def step_of(state: ReadState, identity: dict, schedule: BatchSchedule) -> int:
     for name in ORDER_FIELDS + ("drop_remainder",):
         saved, here = getattr(state, name), identity[name]
         if saved != here:
+            what = f"{name}={{!r}}"
+            if name == "sampling":  # a digest: say what it stands for
+                what = "sampling={!r} (a digest of records=, sampling= and epoch_size=)"
             raise ResumeError(
-                f"the saved state was made with {name}={saved!r} but this read has "
-                f"{name}={here!r}; resume with the same dataset and read options"
+                f"the saved state was made with {what.format(saved)} but this read has "
+                f"{what.format(here)}; resume with the same dataset and read options"
             )
     if state.records_done % schedule.round_records:
         raise ResumeError(
