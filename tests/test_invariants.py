@@ -52,7 +52,10 @@ FACTORS = {
     "augment": (False, True),
     "batch_size": (4, 5),
     "pipelines": (1, 2),  # input pipelines, each reading batches of batch_size
+    "selection": ("all", "subset", "weighted"),  # records=, sampling= (issue 45)
 }
+SUBSET = tuple(f"{i:03d}" for i in range(0, PAIRS, 2))  # records=: 12 of the 23 keys
+WEIGHTS = tuple(float(i % 4) for i in range(PAIRS))  # sampling=: by manifest order, some 0
 EPOCHS = 2
 # Issue 28 point 10: streaming, shuffled and unseeded, the partial batch was sometimes not
 # last ([5, 5, 5, 3, 5]: tf.data's non-deterministic parallel batching). The ordered reader
@@ -72,6 +75,11 @@ class Combination:
     augment: bool
     batch_size: int
     pipelines: int = 1
+    selection: str = "all"
+
+    @property
+    def epoch_records(self) -> int:
+        return len(SUBSET) if self.selection == "subset" else PAIRS
 
     @property
     def streaming_unseeded_shuffle(self) -> bool:
@@ -208,6 +216,8 @@ def read(dataset: Path, combination: Combination, cache_root: Path, pipeline: in
         pad_to=PAD if c.sizing == "pad" else None,
         augment=keras.Sequential([flip]) if c.augment else None,
         input_context=context if c.pipelines > 1 else None,
+        records=list(SUBSET) if c.selection == "subset" else None,
+        sampling=np.array(WEIGHTS) if c.selection == "weighted" else None,
     )
 
 
@@ -269,7 +279,16 @@ def run_epochs(dataset: Path, combination: Combination, cache_root: Path) -> dic
             sizes.append(their_sizes)
         epochs.append((keys, sizes))
     cardinality = [int(ds.cardinality()) for ds in readers]
-    return {"cardinality": cardinality, "epochs": epochs, "keys": len(table), "flips": flips}
+    keys = tfshards_records(dataset).keys
+    weightless = [keys[i] for i, weight in enumerate(WEIGHTS) if weight == 0]
+    return {"cardinality": cardinality, "epochs": epochs, "keys": len(table), "flips": flips,
+            "weightless": weightless}  # fmt: skip
+
+
+def tfshards_records(dataset: Path):
+    import tfshards
+
+    return tfshards.records(dataset)
 
 
 # ---------------------------------------------------------------- the test
@@ -321,14 +340,27 @@ def check_epochs(result: dict, combination: Combination) -> None:
 
 
 def check_one_pipeline(result: dict, combination: Combination) -> None:
-    every = sorted(f"{i:03d}" for i in range(PAIRS))
     for keys, [sizes] in result["epochs"]:
-        assert sorted(keys) == every, "not every pair exactly once"
+        check_selected(keys, combination, result["weightless"])
         assert len(sizes) == result["cardinality"][0], (sizes, result["cardinality"])
         full = [s == combination.batch_size for s in sizes]
-        assert all(full[:-1]) and sizes[-1] == PAIRS % combination.batch_size, (
+        partial = combination.epoch_records % combination.batch_size
+        assert all(full[:-1]) and sizes[-1] == (partial or combination.batch_size), (
             f"the partial batch is not last: {sizes}"
         )
+
+
+def check_selected(keys: list[str], combination: Combination, weightless: list[str]) -> None:
+    """Every pair once (all), every pair of the subset once, or the epoch's size of
+    pairs of weight above zero (weighted: repeats allowed)."""
+    every = [f"{i:03d}" for i in range(PAIRS)]
+    if combination.selection == "all":
+        assert sorted(keys) == every, "not every pair exactly once"
+    elif combination.selection == "subset":
+        assert sorted(keys) == sorted(SUBSET), "not every pair of the subset exactly once"
+    else:
+        assert len(keys) == PAIRS, f"{len(keys)} pairs drawn, not the epoch's {PAIRS}"
+        assert set(keys) <= set(every) - set(weightless), "a pair of weight 0 drawn"
 
 
 def check_pipelines(result: dict, combination: Combination) -> None:
