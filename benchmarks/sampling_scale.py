@@ -11,7 +11,7 @@ computing one epoch's order (``SampledOrder.records``), for a 10% subset, weight
 Targets (issue 45): at most 64 bytes per record; an epoch's order in at most 2 s and 1 GB.
 
 Part 2 (a converted dataset of ``--pairs`` small pairs): time from ``tfshards.read(...)``
-to its first batch, fresh processes, alternating: a plain read from the start, a
+to its first batch (imports done before), fresh processes, alternating: a plain read from the start, a
 class-balanced read from the start, and one started at (epoch 7, a batch in the middle).
 Target: a sampled read started anywhere within 1.5x a fresh plain read's first batch.
 
@@ -116,8 +116,9 @@ def table_rows(records: int) -> None:
 
 FIRST_BATCH = """
 import sys, time
-began = time.perf_counter()
+import tensorflow
 import tfshards
+began = time.perf_counter()  # imports apart: from read() to the first batch
 kind, path, start = sys.argv[1], sys.argv[2], sys.argv[3]
 arguments = dict(batch_size=32, seed=0)
 if kind != "plain":
