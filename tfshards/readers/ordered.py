@@ -16,6 +16,7 @@ state to resume from is a few numbers (``ReadState``).
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -26,10 +27,14 @@ import numpy as np
 import tensorflow as tf
 
 from tfshards.readers.cache.store import PairStore
+from tfshards.readers.crops import crop_boxes, pad_boxes, uniform_draws
+from tfshards.readers.decode import fill_label
 from tfshards.readers.exit_guard import guarded
 from tfshards.readers.order import BatchSchedule, EpochOrder
 from tfshards.readers.recycled import RecycledArrays
-from tfshards.sources.pixel_batches import PixelBatches, batches_of
+from tfshards.readers.sizing import Sizing, placed, placed_batch
+from tfshards.schemas.tfrecord import RecordError, example_fields
+from tfshards.sources.pixel_batches import PairDecodeError, PixelBatches, batches_of
 from tfshards.sources.records import SplitRecords
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -74,20 +79,25 @@ class OrderedReader:
     mask_buffers: RecycledArrays  # the int32 masks fetch delivers
     downloads_ahead: int = 0  # steps whose shards are made local at once, ahead of reading
     pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
+    sizing: Sizing | None = None  # crops or pads, placed in fetch (crops.py)
+    seed: int = 0  # the crops' draws are keyed by it (and the epoch, batch and position)
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
         return self.schedule.batch(self.order.records(epoch), batch)
 
     def fetch(self, step: tf.Tensor):
-        """py_function body: (indices, records, decoded, images, masks) of one step: its
-        pairs decoded (from a ready store, or raw/deflate records decoded here), else its
-        records for TensorFlow to decode (PNG/JPEG, or records to resize)."""
-        indices = self.batch_indices(int(step))
+        """py_function body: (indices, records, decoded, images, masks, boxes) of one
+        step: its pairs decoded (from a ready store, or raw/deflate records decoded
+        here), else its records for TensorFlow to decode (PNG/JPEG, records to resize,
+        records of many sizes); with crops or pads, where each pair is cut (crops.py)."""
+        step = int(step)
+        indices = self.batch_indices(step)
         store = self.store
         if store is not None and store.ready:
             images, masks = store.read(indices)
-            return indices, NO_RECORDS, True, _shared(images), self._wide(masks)
+            boxes = self.boxes(step, indices, None)
+            return indices, NO_RECORDS, True, _shared(images), self._wide(masks), boxes
         if self.pixels is not None:
             located = self.records.located
             images, masks, _ = self.pixels.read(
@@ -95,11 +105,33 @@ class OrderedReader:
             )
             if store is not None:  # being built: kept before the batch is delivered
                 store.write(indices, images, masks)
-            return indices, NO_RECORDS, True, _shared(images), self._wide(masks)
+            boxes = self.boxes(step, indices, None)
+            return indices, NO_RECORDS, True, _shared(images), self._wide(masks), boxes
         records = self.records.read(indices)
-        height, width, channels = self.shape
+        height, width, channels = (0 if n is None else n for n in self.shape)
         empty = np.zeros((0, height, width, channels), np.uint8)
-        return indices, records, False, empty, np.zeros((0, height, width, 1), np.int32)
+        masks = np.zeros((0, height, width, 1), np.int32)
+        return indices, records, False, empty, masks, self.boxes(step, indices, records)
+
+    def boxes(self, step: int, indices: np.ndarray, records: list[bytes] | None) -> np.ndarray:
+        """[B, 4] boxes (height, width, top, left) of the batch's crops or pads, from the
+        records' sizes (the stored size, else each record's own, read from its bytes) and
+        draws keyed by (seed, epoch, batch, position in the global batch); [0, 4] when
+        the read neither crops nor pads."""
+        sizing = self.sizing
+        if sizing is None or not sizing.active:
+            return np.zeros((0, 4), np.int32)
+        if self.shape[0] is not None:
+            heights = np.full(len(indices), self.shape[0])
+            widths = np.full(len(indices), self.shape[1])
+        else:
+            heights, widths = _recorded_sizes(records, self.records.located, indices)
+        if sizing.pad_to is not None:
+            return pad_boxes(heights, widths)
+        epoch, batch = self.schedule.position(step)
+        first = self.schedule.pipeline * self.schedule.batch_size
+        draws = uniform_draws(self.seed, epoch, batch, first + np.arange(len(indices)))
+        return crop_boxes(heights, widths, sizing.crop_size, draws, sizing.crop_scale)
 
     def _wide(self, masks: np.ndarray) -> tf.Tensor:
         """uint8 masks as the int32 tensor read() delivers, in a recycled array (see
@@ -118,6 +150,22 @@ class OrderedReader:
         if self.store is not None and not self.store.ready:
             self.store.write(indices.numpy(), images.numpy(), masks.numpy())
         return True
+
+
+def _recorded_sizes(
+    records: list[bytes], located: Callable[[int], str], indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's (height, width), as it says of itself (a walk over its fields, no
+    pixels decoded); TensorFlow checks its pixels against them when it decodes them."""
+    sizes = np.zeros((len(records), 2), np.int64)
+    for k, record in enumerate(records):
+        try:
+            fields = example_fields(record)
+            sizes[k] = fields["image/height"], fields["image/width"]
+        except (RecordError, KeyError, TypeError, ValueError) as exc:
+            where = located(int(indices[k]))
+            raise PairDecodeError(f"{where}: its height and width cannot be read ({exc})") from exc
+    return sizes[:, 0], sizes[:, 1]
 
 
 def _shared(pixels: np.ndarray) -> tf.Tensor:
@@ -161,8 +209,10 @@ def _kept_by(dataset: tf.data.Dataset, reader: OrderedReader) -> None:
 _READERS_OF_GRAPHS: list[OrderedReader] = []
 
 
-def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.Dataset:
-    """uint8 (image, mask) batches from the cursor's start on, one read per batch."""
+def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) -> tf.data.Dataset:
+    """(image, mask) batches from the cursor's start on, one read per batch: records of
+    many sizes decoded and placed by ``decode(records, boxes)``, others decoded whole,
+    then cropped or padded by ``place(images, masks, boxes)`` when given."""
     per_iteration = reader.schedule.batches_per_epoch
     begin, fetch = _body(reader, "cursor.begin"), _body(reader, "fetch")
     prefetch, keep = _body(reader, "prefetch"), _body(reader, "keep")
@@ -187,9 +237,13 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
         steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
 
     def load(step: tf.Tensor):
-        indices, records, decoded, images, masks = tf.py_function(
-            fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.int32]
+        indices, records, decoded, images, masks, boxes = tf.py_function(
+            fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.int32, tf.int32]
         )
+        boxes = tf.ensure_shape(boxes, [None, 4])
+        if shape[0] is None:  # records of many sizes: TensorFlow decodes and places each
+            image, mask = decode(tf.ensure_shape(records, [None]), boxes)
+            return step, image, tf.cast(mask, tf.int32)
         image = tf.ensure_shape(images, [None, *shape])
         mask = tf.ensure_shape(masks, [None, *shape[:2], 1])
 
@@ -205,6 +259,8 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool) -> tf.data.D
             image, mask = tf.cond(
                 tf.ensure_shape(decoded, []), lambda: (image, mask), decoded_by_tensorflow
             )
+        if place is not None:
+            image, mask = place(image, mask, boxes)
         return step, image, mask
 
     return steps.map(load, num_parallel_calls=AUTOTUNE, deterministic=True)
@@ -214,11 +270,19 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
     """The whole ordered pipeline of a plan (``plan.ordered``), from ``start``: None (the
     beginning), ``(epoch, batch)`` or a ``ReadState``."""
     reader = ordered_reader(plan, start, store)
-    batches = ordered_batches(reader, batch_decoder(plan.decoder), repeat=plan.repeat)
+    sizing, fill = plan.sizing, fill_label(plan.shards)
+    place = None
+    if plan.shape[0] is None:
+        decode = sized_decoder(plan.decoder, sizing, fill)
+    else:
+        decode = batch_decoder(plan.decoder)
+        if sizing.active:
+            place = functools.partial(placed_batch, sizing=sizing, fill_label=fill)
+    batches = ordered_batches(reader, decode, repeat=plan.repeat, place=place)
     finishing = plan.finishing
     finish = finishing.finish
     if finishing.per_pair_augment:  # a function of one pair: mapped over the batch
-        finish = _per_pair(finish, plan.shape)
+        finish = _per_pair(finish, plan.batch_shape)
     index, count = plan.pipeline
 
     def finished(step, image, mask):
@@ -262,7 +326,9 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
     decoder = plan.decoder
     # Raw/deflate records of the size read (no resizing): decoded in the fetch call.
     resized = decoder.stored != decoder.shape
-    pixels = None if resized else batches_of(shards.manifest, decoder.where)
+    pixels = (
+        None if resized or plan.shape[0] is None else batches_of(shards.manifest, decoder.where)
+    )
     return OrderedReader(
         order,
         schedule,
@@ -275,6 +341,8 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         delivered_masks(plan, min(schedule.batch_size, shards.records)),
         0 if local else plan.options.download_ahead,
         pixels,
+        plan.sizing,
+        plan.order_seed,
     )
 
 
@@ -285,6 +353,8 @@ def delivered_masks(plan, batch_size: int) -> RecycledArrays:
     one NumPy multiply per batch into recycled arrays (benchmarks/README.md, issue 44;
     the same multiply split over two threads was slower still)."""
     height, width, _ = plan.shape
+    if height is None:  # records of many sizes: TensorFlow delivers their masks
+        height = width = 0
     return RecycledArrays((batch_size, height, width, 1), np.int32)
 
 
@@ -300,6 +370,37 @@ def batch_decoder(decoder):
     def decode(records: tf.Tensor):
         features = decoder.parse_sized(records)
         return tf.map_fn(decoder.decode_one, features, fn_output_signature=signature)
+
+    return decode
+
+
+def sized_decoder(decoder, sizing: Sizing, fill: int):
+    """([B] serialized records of many sizes, [B, 4] boxes) -> uint8 batches: each record
+    decoded at its own size and cropped or padded as its box says; without sizing (a
+    batch of one), the record at its own size."""
+    channels = decoder.shape[2]
+
+    def native(records: tf.Tensor, boxes: tf.Tensor):
+        features = decoder.parse_sized(records[:1])
+        image, mask = decoder.decode_one({name: value[0] for name, value in features.items()})
+        return image[None], mask[None]
+
+    if not sizing.active:
+        return native
+    height, width = sizing.size
+    signature = (
+        tf.TensorSpec((height, width, channels), tf.uint8),
+        tf.TensorSpec((height, width, 1), tf.uint8),
+    )
+
+    def one(arguments):
+        features, box = arguments
+        image, mask = decoder.decode_one(features)
+        return placed(image, mask, box, sizing, fill)
+
+    def decode(records: tf.Tensor, boxes: tf.Tensor):
+        features = decoder.parse_sized(records)
+        return tf.map_fn(one, (features, boxes), fn_output_signature=signature)
 
     return decode
 

@@ -88,9 +88,9 @@ class Downloads:
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """One read() call's decisions. ``ordered`` reads are batched by the ordered reader
-    (ordered.py); the others (crops and pads of pairs, the tf.data service) go through
-    the per-pair stages (stages.py), where decoded pairs are shuffled, sized and batched.
+    """One read() call's decisions. ``ordered`` reads (all but the tf.data service's) are
+    batched by the ordered reader (ordered.py), crops and pads included; the tf.data
+    service's go through the per-pair stages (stages.py).
     """
 
     shards: SplitShards
@@ -120,6 +120,13 @@ class ReadPlan:
     @property
     def shape(self) -> Shape:
         return self.decoder.shape
+
+    @property
+    def batch_shape(self) -> Shape:
+        """The shape of each pair of a batch: cropped or padded, else as decoded."""
+        if self.sizing.active:
+            return (*self.sizing.size, self.shape[2])
+        return self.shape
 
     @property
     def streaming(self) -> bool:
@@ -153,7 +160,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     shards = split_shards(path, a["split"], storage_options=options.storage_options)
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
-    unordered = _unordered_because(shards, shape, sizing, a["service"])
+    unordered = _unordered_because(shape, cache, a["service"])
     if not unordered and pipeline[1] > 1 and cache.kind != "none":
         raise OptionsError(_no_cache_across_pipelines(cache, pipeline[1], shards.records))
     if unordered and pipeline[1] > 1:  # these paths share the shards out by file
@@ -191,14 +198,12 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     )
 
 
-def _unordered_because(
-    shards: SplitShards, shape: Shape, sizing: Sizing, service: str | None
-) -> str | None:
+def _unordered_because(shape: Shape, cache: CachePlan, service: str | None) -> str | None:
     """Why a read cannot take the ordered path (read by index, resumable); None if it can."""
     if service is not None:
         return "the tf.data service decides the order on its workers"
-    if shape[0] is None or sizing.active:
-        return "records of many sizes are cropped or padded one pair at a time"
+    if shape[0] is None and cache.kind != "none":
+        return "a cache of records of many sizes is built one pair at a time"
     return None
 
 

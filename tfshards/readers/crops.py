@@ -1,0 +1,96 @@
+"""Where each crop of a batch lies: pure NumPy, a function of (seed, epoch, batch, position).
+
+The ordered reader (ordered.py) places every crop before its pixels are decoded, from
+the records' sizes alone; TensorFlow then only cuts (and, with ``crop_scale``, resizes)
+each record as placed here. Every random number comes from a generator keyed by
+``(seed, epoch, batch, position in the batch)`` (NumPy's PCG64 through a SeedSequence of
+those numbers), never from a generator whose state lives in the process, so a batch read
+again, in another process or resumed at its (epoch, batch), gets the same crops.
+
+A box is ``(height, width, top, left)``: the size the record is scaled to (its own size
+without ``crop_scale``) and the crop's top-left corner in the scaled record. A record
+smaller than the crop is padded at its bottom and right (images with 0, masks with the
+fill label) and its corner is 0 on that axis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DRAWS = 3  # per crop: the scale factor, the corner's row, the corner's column
+_CROPS = 0x63726F70  # "crop": keeps these draws apart from other users of the same key
+
+
+def uniform_draws(seed: int, epoch: int, batch: int, positions: np.ndarray) -> np.ndarray:
+    """``[len(positions), DRAWS]`` floats in [0, 1), row ``k`` keyed by (seed, epoch,
+    batch, positions[k]) alone: the same numbers in any process, in any order."""
+    rows = [
+        np.random.default_rng([_CROPS, int(seed), int(epoch), int(batch), int(p)]).random(DRAWS)
+        for p in np.asarray(positions).tolist()
+    ]
+    return np.array(rows, np.float64).reshape(len(rows), DRAWS)
+
+
+def crop_corners(
+    heights: np.ndarray,
+    widths: np.ndarray,
+    crop_size: tuple[int, int],
+    draws: np.ndarray,
+    centres: np.ndarray | None = None,
+) -> np.ndarray:
+    """Top-left corners ``[B, 2]`` (row, column; int64) of crops of ``crop_size`` in
+    records of ``heights`` x ``widths`` (``[B]`` each, in the pixels the crop is cut
+    from).
+
+    ``draws``: ``[B, 2]`` uniform numbers in [0, 1) (columns 1 and 2 of
+    :func:`uniform_draws`), used where no centre is asked for: the corner is then uniform
+    over every place the crop fits. ``centres``: optional ``[B, 2]`` float array of the
+    crop centres asked for (row, column, in the same pixels); a row holding NaN or a
+    negative number is placed uniformly. A crop centred there is moved to lie inside
+    the record (clamped); a record smaller than the crop on an axis gets corner 0 on it
+    (it is padded at its bottom/right).
+
+    >>> draws = np.array([[0.0, 0.99], [0.5, 0.5]])
+    >>> crop_corners(np.array([10, 300]), np.array([10, 300]), (256, 256), draws,
+    ...              centres=np.array([[np.nan, np.nan], [290.0, 5.0]])).tolist()
+    [[0, 0], [44, 0]]
+    """
+    sizes = np.stack([np.asarray(heights, np.int64), np.asarray(widths, np.int64)], axis=1)
+    crop = np.asarray(crop_size, np.int64)
+    spare = np.maximum(sizes - crop, 0)
+    corners = np.minimum(np.floor(np.asarray(draws) * (spare + 1)).astype(np.int64), spare)
+    if centres is not None:
+        centres = np.asarray(centres, np.float64).reshape(len(sizes), 2)
+        asked = np.all(np.isfinite(centres) & (centres >= 0), axis=1)
+        centred = np.floor(np.nan_to_num(centres) - crop // 2).astype(np.int64)
+        corners[asked] = np.clip(centred[asked], 0, spare[asked])
+    return corners
+
+
+def crop_boxes(
+    heights: np.ndarray,
+    widths: np.ndarray,
+    crop_size: tuple[int, int],
+    draws: np.ndarray,
+    crop_scale: tuple[float, float] | None = None,
+    centres: np.ndarray | None = None,
+) -> np.ndarray:
+    """Boxes ``[B, 4]`` (int32: scaled height, scaled width, top, left) of a batch's crops:
+    each record scaled by a factor drawn in ``crop_scale`` (column 0 of ``draws``, from
+    :func:`uniform_draws`), then its crop placed by :func:`crop_corners` (``centres`` in
+    the record's own pixels, scaled with it)."""
+    sizes = np.stack([np.asarray(heights, np.int64), np.asarray(widths, np.int64)], axis=1)
+    if crop_scale is not None:
+        low, high = crop_scale
+        factor = low + (high - low) * draws[:, :1]
+        sizes = np.maximum(np.round(sizes * factor).astype(np.int64), 1)
+        if centres is not None:
+            centres = np.asarray(centres, np.float64) * factor
+    corners = crop_corners(sizes[:, 0], sizes[:, 1], crop_size, draws[:, 1:], centres)
+    return np.concatenate([sizes, corners], axis=1).astype(np.int32)
+
+
+def pad_boxes(heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Boxes of records padded (never cut): their own size, corner (0, 0)."""
+    sizes = np.stack([np.asarray(heights), np.asarray(widths)], axis=1)
+    return np.concatenate([sizes, np.zeros_like(sizes)], axis=1).astype(np.int32)
