@@ -545,19 +545,19 @@ def test_a_cache_read_by_index_with_several_input_pipelines_is_refused(dataset, 
     digests(tfshards.read(shards, batch_size=4, input_context=one, cache=cache))
 
 
-def test_cropped_reads_with_input_pipelines_each_cache_their_own_shards(dataset, tmp_path):
-    """Records of many sizes are shared out by shard file: a pipeline reads the same
-    records every epoch, and its cache (keyed by the pipeline) holds exactly those."""
-    cache, records = tmp_path / "cache", []
+def test_cropped_reads_with_input_pipelines_share_one_global_order(dataset, tmp_path):
+    """Crops are read by index like every read: each pipeline its slice of every round
+    (equal batch counts); a cache across pipelines is refused, as for every ordered read."""
+    options = dict(batch_size=4, image_dtype="uint8", crop_size=(8, 8), seed=0)
+    counts = []
     for pipeline in range(2):
         context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline)
-        options = dict(batch_size=4, image_dtype="uint8", crop_size=(8, 8), seed=0)
-        ds = tfshards.read(dataset, input_context=context, cache=cache, **options)
-        records.append(len(digests(ds)))
-        assert len(digests(ds)) == records[-1]
-    entries = [(e.info.pipeline, e.state, e.info.records) for e in tfshards.list_caches(cache)]
-    assert sorted(entries) == [((0, 2), "ready", records[0]), ((1, 2), "ready", records[1])]
-    assert sum(records) == tfshards.Manifest.load(dataset).splits["train"].records
+        batches = list(tfshards.read(dataset, input_context=context, **options))
+        counts.append([int(images.shape[0]) for images, _ in batches])
+        with pytest.raises(tfshards.OptionsError, match="cannot be combined with input_context"):
+            tfshards.read(dataset, input_context=context, cache=tmp_path / "c", **options)
+    rounds = tfshards.Manifest.load(dataset).splits["train"].records // 8
+    assert counts == [[4] * rounds] * 2
 
 
 def test_tf_data_service_delivers_every_record_once(dataset):
@@ -863,14 +863,14 @@ def test_a_process_started_while_the_cache_is_half_built(many_records, tmp_path)
 
 
 def test_a_cropped_read_of_fixed_size_records_reuses_its_disk_cache(dataset, tmp_path, caplog):
-    """The per-pair pipeline's cache (parts) and the ordered reader's (flat files) are
-    entries of their own: a cropped read found its entry never ready and rebuilt it."""
+    """The cache holds whole decoded records, cropped after: a cropped read and an
+    uncropped one share one entry (flat files), each reading it once it is built."""
     cache = tmp_path / "cache"
     options = dict(batch_size=4, image_dtype="uint8", seed=0, crop_size=(8, 8), cache=cache)
-    digests(tfshards.read(dataset, **options))
+    first = digests(tfshards.read(dataset, **options))
     with caplog.at_level(logging.INFO, logger="tfshards"):
-        digests(tfshards.read(dataset, **options))
+        assert digests(tfshards.read(dataset, **options)) == first
+        digests(tfshards.read(dataset, batch_size=4, image_dtype="uint8", seed=0, cache=cache))
     assert "reading the disk cache" in caplog.text and "building" not in caplog.text
-    digests(tfshards.read(dataset, batch_size=4, image_dtype="uint8", seed=0, cache=cache))
     states = sorted((e.info.files, e.state) for e in tfshards.list_caches(cache))
-    assert states == [("flat", "ready"), ("parts", "ready")]
+    assert states == [("flat", "ready")]
