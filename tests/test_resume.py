@@ -90,12 +90,15 @@ SIZED = {
 }
 
 
+@pytest.mark.parametrize("cache", [None, "memory", "disk"])
 @pytest.mark.parametrize("sizing", SIZED)
-def test_crops_pads_and_native_sizes_start_anywhere_bit_for_bit(mixed, sizing):
+def test_crops_pads_and_native_sizes_start_anywhere_bit_for_bit(mixed, tmp_path, sizing, cache):
     """Records of many sizes, cropped (and scaled), padded or at their own size in
     batches of one: a read started at (epoch, batch) delivers the uninterrupted read's
-    batches from there, crops included."""
-    options = dict(seed=3, image_dtype="uint8", **SIZED[sizing])
+    batches from there, crops included; with a cache, from the cache its first epoch
+    built (whole records, each at its own size), the same pixels."""
+    cache = tmp_path / "c" if cache == "disk" else cache
+    options = dict(seed=3, image_dtype="uint8", cache=cache, **SIZED[sizing])
     ds = tfshards.read(mixed, **options)
     per_epoch = int(ds.cardinality())
     stream = [b for _ in range(3) for b in _batches(ds)]
@@ -106,6 +109,8 @@ def test_crops_pads_and_native_sizes_start_anywhere_bit_for_bit(mixed, sizing):
         resumed = tfshards.read(mixed, **options, start=(epoch, batch))
         at = epoch * per_epoch + batch
         assert _batches(resumed) == stream[at : at + per_epoch]
+    if cache is not None and cache != "memory":
+        assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
 
 
 @pytest.mark.parametrize("cache", [None, "memory", "disk"])

@@ -90,48 +90,62 @@ class OrderedReader:
         """py_function body: (indices, records, decoded, images, masks, boxes) of one
         step: its pairs decoded (from a ready store, or raw/deflate records decoded
         here), else its records for TensorFlow to decode (PNG/JPEG, records to resize,
-        records of many sizes); with crops or pads, where each pair is cut (crops.py)."""
+        records of many sizes); with crops or pads, where each pair is cut (boxes)."""
         step = int(step)
         indices = self.batch_indices(step)
         store = self.store
+        if self.shape[0] is None:
+            return self._fetch_native(step, indices)
         if store is not None and store.ready:
             images, masks = store.read(indices)
-            boxes = self.boxes(step, indices, None)
-            return indices, NO_RECORDS, True, _shared(images), self._wide(masks), boxes
-        if self.pixels is not None:
+        elif self.pixels is not None:
             located = self.records.located
             images, masks, _ = self.pixels.read(
                 self.records, indices, lambda k: located(indices[k])
             )
             if store is not None:  # being built: kept before the batch is delivered
                 store.write(indices, images, masks)
-            boxes = self.boxes(step, indices, None)
-            return indices, NO_RECORDS, True, _shared(images), self._wide(masks), boxes
-        records = self.records.read(indices)
-        height, width, channels = (0 if n is None else n for n in self.shape)
-        empty = np.zeros((0, height, width, channels), np.uint8)
-        masks = np.zeros((0, height, width, 1), np.int32)
-        return indices, records, False, empty, masks, self.boxes(step, indices, records)
-
-    def boxes(self, step: int, indices: np.ndarray, records: list[bytes] | None) -> np.ndarray:
-        """[B, 4] boxes (height, width, top, left) of the batch's crops or pads, from the
-        records' sizes (the stored size, else each record's own, read from its bytes) and
-        draws keyed by (seed, epoch, batch, position in the global batch); [0, 4] when
-        the read neither crops nor pads."""
-        sizing = self.sizing
-        if sizing is None or not sizing.active:
-            return np.zeros((0, 4), np.int32)
-        if self.shape[0] is not None:
-            heights = np.full(len(indices), self.shape[0])
-            widths = np.full(len(indices), self.shape[1])
         else:
-            heights, widths = _recorded_sizes(records, self.records.located, indices)
-        if sizing.pad_to is not None:
-            return pad_boxes(heights, widths)
-        epoch, batch = self.schedule.position(step)
-        first = self.schedule.pipeline * self.schedule.batch_size
-        draws = uniform_draws(self.seed, epoch, batch, first + np.arange(len(indices)))
-        return crop_boxes(heights, widths, sizing.crop_size, draws, sizing.crop_scale)
+            records = self.records.read(indices)
+            height, width, channels = self.shape
+            empty = np.zeros((0, height, width, channels), np.uint8)
+            masks = np.zeros((0, height, width, 1), np.int32)
+            sizes = np.tile(np.array(self.shape[:2]), (len(indices), 1))
+            return indices, records, False, empty, masks, self.boxes(step, sizes)
+        sizes = np.tile(np.array(self.shape[:2]), (len(indices), 1))
+        boxes = self.boxes(step, sizes)
+        return indices, NO_RECORDS, True, _shared(images), self._wide(masks), boxes
+
+    def _fetch_native(self, step: int, indices: np.ndarray):
+        """fetch of records of many sizes: from a ready store, their pixels at the top
+        left of one array of the batch's largest size; else their records."""
+        store = self.store
+        if store is not None and store.ready:
+            images, masks = store.read(indices)
+            sizes = np.array([image.shape[:2] for image in images], np.int64)
+            padded = _stacked(images, sizes), _stacked(masks, sizes).astype(np.int32)
+            return indices, NO_RECORDS, True, *padded, self.boxes(step, sizes)
+        records = self.records.read(indices)
+        sizes = _recorded_sizes(records, self.records.located, indices)
+        empty = np.zeros((0, 0, 0, self.shape[2]), np.uint8)
+        masks = np.zeros((0, 0, 0, 1), np.int32)
+        return indices, records, False, empty, masks, self.boxes(step, sizes)
+
+    def boxes(self, step: int, sizes: np.ndarray) -> np.ndarray:
+        """[B, 6] int32 of the batch's pairs: their own (height, width), then where each
+        is cut (crops.py's box: height and width scaled to, top, left), from draws keyed
+        by (seed, epoch, batch, position in the global batch); a pair padded, or read at
+        its own size, is cut at (0, 0) to its own size."""
+        sizing = self.sizing
+        heights, widths = sizes[:, 0], sizes[:, 1]
+        if sizing is None or sizing.crop_size is None:
+            cuts = pad_boxes(heights, widths)
+        else:
+            epoch, batch = self.schedule.position(step)
+            first = self.schedule.pipeline * self.schedule.batch_size
+            draws = uniform_draws(self.seed, epoch, batch, first + np.arange(len(sizes)))
+            cuts = crop_boxes(heights, widths, sizing.crop_size, draws, sizing.crop_scale)
+        return np.concatenate([sizes.astype(np.int32), cuts], axis=1)
 
     def _wide(self, masks: np.ndarray) -> tf.Tensor:
         """uint8 masks as the int32 tensor read() delivers, in a recycled array (see
@@ -146,16 +160,29 @@ class OrderedReader:
         return int(step)
 
     def keep(self, indices, images, masks) -> bool:
-        """py_function body: pairs TensorFlow decoded into the store while it is built."""
+        """py_function body: pairs TensorFlow decoded into the store while it is built
+        (a batch of one size, or one pair of its own size: a list of one)."""
         if self.store is not None and not self.store.ready:
-            self.store.write(indices.numpy(), images.numpy(), masks.numpy())
+            indices, images, masks = indices.numpy(), images.numpy(), masks.numpy()
+            if indices.ndim == 0:
+                indices, images, masks = indices[None], [images], [masks]
+            self.store.write(indices, images, masks)
         return True
+
+
+def _stacked(pixels: list[np.ndarray], sizes: np.ndarray) -> np.ndarray:
+    """Arrays of many sizes at the top left of one zeroed array of the largest size."""
+    height, width = sizes.max(axis=0) if len(sizes) else (0, 0)
+    out = np.zeros((len(pixels), height, width, pixels[0].shape[-1]), np.uint8)
+    for row, one in zip(out, pixels, strict=True):
+        row[: one.shape[0], : one.shape[1]] = one
+    return out
 
 
 def _recorded_sizes(
     records: list[bytes], located: Callable[[int], str], indices: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each record's (height, width), as it says of itself (a walk over its fields, no
+) -> np.ndarray:
+    """[B, 2]: each record's (height, width), as it says of itself (a walk over its fields, no
     pixels decoded); TensorFlow checks its pixels against them when it decodes them."""
     sizes = np.zeros((len(records), 2), np.int64)
     for k, record in enumerate(records):
@@ -165,7 +192,7 @@ def _recorded_sizes(
         except (RecordError, KeyError, TypeError, ValueError) as exc:
             where = located(int(indices[k]))
             raise PairDecodeError(f"{where}: its height and width cannot be read ({exc})") from exc
-    return sizes[:, 0], sizes[:, 1]
+    return sizes
 
 
 def _shared(pixels: np.ndarray) -> tf.Tensor:
@@ -229,6 +256,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
     # Closures below hold plain values, not the reader (see _body).
     shape, tf_decodes = reader.shape, reader.pixels is None
     keeps_decoded = tf_decodes and reader.store is not None  # else the store is kept by fetch
+    keeps_native = shape[0] is None and reader.store is not None
     if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
 
         def ahead(step: tf.Tensor) -> tf.Tensor:
@@ -240,10 +268,17 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
         indices, records, decoded, images, masks, boxes = tf.py_function(
             fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.int32, tf.int32]
         )
-        boxes = tf.ensure_shape(boxes, [None, 4])
-        if shape[0] is None:  # records of many sizes: TensorFlow decodes and places each
-            image, mask = decode(tf.ensure_shape(records, [None]), boxes)
-            return step, image, tf.cast(mask, tf.int32)
+        boxes = tf.ensure_shape(boxes, [None, 6])
+        if shape[0] is None:  # records of many sizes: each decoded (or read) and placed
+            records = tf.ensure_shape(records, [None])
+            image = tf.ensure_shape(images, [None, None, None, shape[2]])
+            mask = tf.ensure_shape(masks, [None, None, None, 1])
+            image, mask = tf.cond(
+                tf.ensure_shape(decoded, []),
+                lambda: place(image, mask, boxes),
+                lambda: decode(records, boxes, indices, keep if keeps_native else None),
+            )
+            return step, image, mask
         image = tf.ensure_shape(images, [None, *shape])
         mask = tf.ensure_shape(masks, [None, *shape[:2], 1])
 
@@ -271,13 +306,12 @@ def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:
     beginning), ``(epoch, batch)`` or a ``ReadState``."""
     reader = ordered_reader(plan, start, store)
     sizing, fill = plan.sizing, fill_label(plan.shards)
-    place = None
+    place = functools.partial(placed_batch, sizing=sizing, fill_label=fill)
     if plan.shape[0] is None:
         decode = sized_decoder(plan.decoder, sizing, fill)
     else:
         decode = batch_decoder(plan.decoder)
-        if sizing.active:
-            place = functools.partial(placed_batch, sizing=sizing, fill_label=fill)
+        place = place if sizing.active else None
     batches = ordered_batches(reader, decode, repeat=plan.repeat, place=place)
     finishing = plan.finishing
     finish = finishing.finish
@@ -375,32 +409,35 @@ def batch_decoder(decoder):
 
 
 def sized_decoder(decoder, sizing: Sizing, fill: int):
-    """([B] serialized records of many sizes, [B, 4] boxes) -> uint8 batches: each record
-    decoded at its own size and cropped or padded as its box says; without sizing (a
-    batch of one), the record at its own size."""
+    """``decode(records, boxes, indices, keep)``: [B] serialized records of many sizes ->
+    uint8 images and int32 masks of the batch's shape, each record decoded at its own
+    size, handed to ``keep`` (a py_function body, or None) and cut as its box says."""
     channels = decoder.shape[2]
-
-    def native(records: tf.Tensor, boxes: tf.Tensor):
-        features = decoder.parse_sized(records[:1])
-        image, mask = decoder.decode_one({name: value[0] for name, value in features.items()})
-        return image[None], mask[None]
-
-    if not sizing.active:
-        return native
-    height, width = sizing.size
+    height, width = sizing.size or (None, None)
     signature = (
         tf.TensorSpec((height, width, channels), tf.uint8),
-        tf.TensorSpec((height, width, 1), tf.uint8),
+        tf.TensorSpec((height, width, 1), tf.int32),
     )
 
-    def one(arguments):
-        features, box = arguments
+    def one(features, box, index, keep):
         image, mask = decoder.decode_one(features)
-        return placed(image, mask, box, sizing, fill)
+        if keep is not None:  # the store keeps each pair at its own size, uint8
+            kept = tf.py_function(keep, [index, image, mask], tf.bool)
+            with tf.control_dependencies([kept]):
+                image, mask = tf.identity(image), tf.identity(mask)
+        return placed(image, tf.cast(mask, tf.int32), box, sizing, fill)
 
-    def decode(records: tf.Tensor, boxes: tf.Tensor):
+    def decode(records: tf.Tensor, boxes: tf.Tensor, indices: tf.Tensor, keep):
         features = decoder.parse_sized(records)
-        return tf.map_fn(one, (features, boxes), fn_output_signature=signature)
+        if not sizing.active:  # a batch of one, at the record's own size
+            first = {name: value[0] for name, value in features.items()}
+            image, mask = one(first, boxes[0], indices[0], keep)
+            return image[None], mask[None]
+        return tf.map_fn(
+            lambda arguments: one(*arguments, keep),
+            (features, boxes, indices),
+            fn_output_signature=signature,
+        )
 
     return decode
 

@@ -23,6 +23,7 @@ from tfshards.malloc_arenas import keep_freed_batches
 from tfshards.readers import stages
 from tfshards.readers.arguments import check_batches, check_start
 from tfshards.readers.cache import DiskCache, default_cache_root
+from tfshards.readers.cache.native import NativeStore
 from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
 from tfshards.readers.options import ReadOptions
@@ -130,17 +131,21 @@ def read(
     return dataset
 
 
-def pair_store(plan) -> PairStore | None:
-    """The ordered path's cache: decoded pairs in RAM, on disk, or none."""
+def pair_store(plan) -> PairStore | NativeStore | None:
+    """The ordered path's cache: whole decoded records (crops and pads are cut from them
+    after) in RAM, on disk, or none; records of many sizes each at its own size."""
     shards, shape = plan.shards, plan.shape
-    if plan.cache.kind == "memory":
-        return PairStore(shards.records, shape)
-    if plan.cache.kind != "disk":
+    if plan.cache.kind == "none":
         return None
-    root = plan.cache.root or default_cache_root(shards.root)
-    cache = DiskCache.for_split(root, shards, shape, (0, 1), files="flat")
-    cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
-    return PairStore(shards.records, shape, cache, unchanged=unchanged_check(plan))
+    cache, unchanged = None, None
+    if plan.cache.kind == "disk":
+        root = plan.cache.root or default_cache_root(shards.root)
+        cache = DiskCache.for_split(root, shards, shape, (0, 1), files="flat")
+        cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
+        unchanged = unchanged_check(plan)
+    if shape[0] is None:
+        return NativeStore(shards.records, shape[2], cache, unchanged)
+    return PairStore(shards.records, shape, cache, unchanged=unchanged)
 
 
 def unchanged_check(plan):

@@ -160,7 +160,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     shards = split_shards(path, a["split"], storage_options=options.storage_options)
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
-    unordered = _unordered_because(shape, cache, a["service"])
+    unordered = _unordered_because(a["service"])
     if not unordered and pipeline[1] > 1 and cache.kind != "none":
         raise OptionsError(_no_cache_across_pipelines(cache, pipeline[1], shards.records))
     if unordered and pipeline[1] > 1:  # these paths share the shards out by file
@@ -198,12 +198,10 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     )
 
 
-def _unordered_because(shape: Shape, cache: CachePlan, service: str | None) -> str | None:
+def _unordered_because(service: str | None) -> str | None:
     """Why a read cannot take the ordered path (read by index, resumable); None if it can."""
     if service is not None:
         return "the tf.data service decides the order on its workers"
-    if shape[0] is None and cache.kind != "none":
-        return "a cache of records of many sizes is built one pair at a time"
     return None
 
 

@@ -74,17 +74,22 @@ def sized_pairs(
 
 
 def placed(image, mask, box, sizing: Sizing, fill_label: int):
-    """One pair of any size -> ``sizing.size``, as its box (height, width, top, left;
-    crops.py) says: scaled to (height, width) with ``crop_scale``, padded to at least the
-    crop, cut at (top, left); or padded to ``pad_to``."""
+    """One pair -> ``sizing.size``, as its box says: (own height, own width, then
+    crops.py's box: height, width, top, left). The pair's own pixels are the top left of
+    ``image`` (a batch padded to its largest pair); scaled to (height, width) with
+    ``crop_scale``, padded to at least the crop, cut at (top, left); or padded to
+    ``pad_to``; without sizing, the pair at its own size."""
+    image, mask = image[: box[0], : box[1]], mask[: box[0], : box[1]]
     if sizing.pad_to is not None:
         return _padded(image, mask, *sizing.pad_to, fill_label)
+    if sizing.crop_size is None:
+        return image, mask
     height, width = sizing.crop_size
     if sizing.crop_scale is not None:
-        image, mask = _resized(image, mask, box[:2])
+        image, mask = _resized(image, mask, box[2:4])
     image, mask = _padded(image, mask, height, width, fill_label, at_least=True)
-    image = tf.slice(image, [box[2], box[3], 0], [height, width, -1])
-    mask = tf.slice(mask, [box[2], box[3], 0], [height, width, -1])
+    image = tf.slice(image, [box[4], box[5], 0], [height, width, -1])
+    mask = tf.slice(mask, [box[4], box[5], 0], [height, width, -1])
     return (
         tf.ensure_shape(image, (height, width, image.shape[-1])),
         tf.ensure_shape(mask, (height, width, 1)),
@@ -92,7 +97,10 @@ def placed(image, mask, box, sizing: Sizing, fill_label: int):
 
 
 def placed_batch(images, masks, boxes, sizing: Sizing, fill_label: int):
-    """A batch of one size [B, H, W, .] -> ``sizing.size``, each pair as its box says."""
+    """A batch [B, H, W, .] (each pair at its top left) -> ``sizing.size``, each pair as
+    its box says; without sizing, a batch of one at its own size."""
+    if not sizing.active:
+        return images[:, : boxes[0, 0], : boxes[0, 1]], masks[:, : boxes[0, 0], : boxes[0, 1]]
     height, width = sizing.size
     signature = (
         tf.TensorSpec((height, width, images.shape[-1]), images.dtype),
