@@ -94,3 +94,27 @@ def pad_boxes(heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
     """Boxes of records padded (never cut): their own size, corner (0, 0)."""
     sizes = np.stack([np.asarray(heights), np.asarray(widths)], axis=1)
     return np.concatenate([sizes, np.zeros_like(sizes)], axis=1).astype(np.int32)
+
+
+def cut(
+    images: np.ndarray | list[np.ndarray],
+    masks: np.ndarray | list[np.ndarray],
+    boxes: np.ndarray,
+    out_images: np.ndarray,
+    out_masks: np.ndarray,
+    fill_label: int,
+) -> None:
+    """Pairs cut as their boxes say, unscaled, into ``out_images`` [B, h, w, C] and
+    ``out_masks`` [B, h, w, 1] (any integer dtype): pair ``k``'s pixels are the top left
+    of ``images[k]`` and ``masks[k]`` (rows of a batch array, or arrays of their own
+    size); its box is (own height, own width, height, width, top, left) as the ordered
+    reader makes it, height and width being its own (no ``crop_scale``). What the crop
+    holds of the record goes to the top left; the rest is 0 (images) and ``fill_label``
+    (masks), as a record smaller than the crop or the pad is padded."""
+    height, width = out_images.shape[1:3]
+    out_images[...] = 0
+    out_masks[...] = fill_label
+    for k, (own_height, own_width, _, _, top, left) in enumerate(boxes.tolist()):
+        rows, cols = min(height, own_height - top), min(width, own_width - left)
+        out_images[k, :rows, :cols] = images[k][top : top + rows, left : left + cols]
+        out_masks[k, :rows, :cols] = masks[k][top : top + rows, left : left + cols]

@@ -26,15 +26,21 @@ from operator import attrgetter
 import numpy as np
 import tensorflow as tf
 
+from tfshards.errors import OptionsError
 from tfshards.readers.cache.store import PairStore
-from tfshards.readers.crops import crop_boxes, pad_boxes, uniform_draws
+from tfshards.readers.crops import crop_boxes, cut, pad_boxes, uniform_draws
 from tfshards.readers.decode import fill_label
 from tfshards.readers.exit_guard import guarded
 from tfshards.readers.order import BatchSchedule, EpochOrder
 from tfshards.readers.recycled import RecycledArrays
 from tfshards.readers.sizing import Sizing, placed, placed_batch
 from tfshards.schemas.tfrecord import RecordError, example_fields
-from tfshards.sources.pixel_batches import PairDecodeError, PixelBatches, batches_of
+from tfshards.sources.pixel_batches import (
+    PairDecodeError,
+    PixelBatches,
+    aligned_empty,
+    batches_of,
+)
 from tfshards.sources.records import SplitRecords
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -81,6 +87,7 @@ class OrderedReader:
     pixels: PixelBatches | None = None  # raw/deflate records of the size read: decoded in fetch
     sizing: Sizing | None = None  # crops or pads, placed in fetch (crops.py)
     seed: int = 0  # the crops' draws are keyed by it (and the epoch, batch and position)
+    fill: int = 255  # the mask value of pixels a padded pair does not hold
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -89,49 +96,76 @@ class OrderedReader:
     def fetch(self, step: tf.Tensor):
         """py_function body: (indices, records, decoded, images, masks, boxes) of one
         step: its pairs decoded (from a ready store, or raw/deflate records decoded
-        here), else its records for TensorFlow to decode (PNG/JPEG, records to resize,
-        records of many sizes); with crops or pads, where each pair is cut (boxes)."""
+        here), cut here when crops and pads need no resizing; else its records for
+        TensorFlow to decode (PNG/JPEG, records to resize, records of many sizes); boxes:
+        where each pair is cut (see ``boxes``)."""
         step = int(step)
         indices = self.batch_indices(step)
-        store = self.store
-        if self.shape[0] is None:
-            return self._fetch_native(step, indices)
-        if store is not None and store.ready:
-            images, masks = store.read(indices)
-        elif self.pixels is not None:
-            located = self.records.located
-            images, masks, _ = self.pixels.read(
-                self.records, indices, lambda k: located(indices[k])
-            )
-            if store is not None:  # being built: kept before the batch is delivered
-                store.write(indices, images, masks)
-        else:
+        pixels = self._decoded(indices)
+        if pixels is None:
             records = self.records.read(indices)
-            height, width, channels = self.shape
-            empty = np.zeros((0, height, width, channels), np.uint8)
-            masks = np.zeros((0, height, width, 1), np.int32)
-            sizes = np.tile(np.array(self.shape[:2]), (len(indices), 1))
-            return indices, records, False, empty, masks, self.boxes(step, sizes)
-        sizes = np.tile(np.array(self.shape[:2]), (len(indices), 1))
-        boxes = self.boxes(step, sizes)
-        return indices, NO_RECORDS, True, _shared(images), self._wide(masks), boxes
+            if self.shape[0] is None:
+                sizes = _recorded_sizes(records, self.records.located, indices)
+            else:
+                sizes = np.tile(np.array(self.shape[:2]), (len(indices), 1))
+            boxes = self.boxes(step, sizes, indices)
+            channels = self.shape[2]
+            empty = np.zeros((0, 0, 0, channels), np.uint8)
+            return indices, records, False, empty, np.zeros((0, 0, 0, 1), np.int32), boxes
+        images, masks = pixels
+        sizes = np.array([image.shape[:2] for image in images], np.int64).reshape(-1, 2)
+        boxes = self.boxes(step, sizes, indices)
+        if self.cuts:
+            images, masks = self._cut(images, masks, boxes)
+        elif self.shape[0] is None:  # to resize (crop_scale): each at the top left
+            images, masks = _stacked(images, sizes), _stacked(masks, sizes).astype(np.int32)
+        else:
+            images, masks = _shared(images), self._wide(masks)
+        return indices, NO_RECORDS, True, images, masks, boxes
 
-    def _fetch_native(self, step: int, indices: np.ndarray):
-        """fetch of records of many sizes: from a ready store, their pixels at the top
-        left of one array of the batch's largest size; else their records."""
+    def _decoded(self, indices: np.ndarray):
+        """The batch's pairs from a ready store, or raw/deflate records decoded here (kept
+        in the store while it is built); None when TensorFlow decodes them."""
         store = self.store
         if store is not None and store.ready:
-            images, masks = store.read(indices)
-            sizes = np.array([image.shape[:2] for image in images], np.int64)
-            padded = _stacked(images, sizes), _stacked(masks, sizes).astype(np.int32)
-            return indices, NO_RECORDS, True, *padded, self.boxes(step, sizes)
-        records = self.records.read(indices)
-        sizes = _recorded_sizes(records, self.records.located, indices)
-        empty = np.zeros((0, 0, 0, self.shape[2]), np.uint8)
-        masks = np.zeros((0, 0, 0, 1), np.int32)
-        return indices, records, False, empty, masks, self.boxes(step, sizes)
+            return store.read(indices)
+        if self.pixels is None:
+            return None
+        located = self.records.located
+        images, masks, _ = self.pixels.read(self.records, indices, lambda k: located(indices[k]))
+        if store is not None:  # being built: kept before the batch is delivered
+            store.write(indices, images, masks)
+        return images, masks
 
-    def boxes(self, step: int, sizes: np.ndarray) -> np.ndarray:
+    @property
+    def delivered_shape(self) -> tuple[int | None, int | None, int]:
+        """The shape of each pair fetch delivers decoded: cut, or whole."""
+        sizing = self.sizing
+        if self.cuts and sizing is not None and sizing.active:
+            return (*sizing.size, self.shape[2])
+        return self.shape
+
+    @property
+    def cuts(self) -> bool:
+        """Decoded pairs are cut here (crops and pads without crop_scale, and batches of
+        one pair of its own size); else TensorFlow cuts them."""
+        sizing = self.sizing
+        if sizing is None or not sizing.active:
+            return self.shape[0] is None
+        return sizing.crop_scale is None
+
+    def _cut(self, images, masks, boxes: np.ndarray) -> tuple[tf.Tensor, tf.Tensor]:
+        """Decoded pairs cut as their boxes say: the batch's images and int32 masks."""
+        if not self.sizing.active:  # one pair, of its own size
+            image = aligned_empty(images[0].shape)
+            image[...] = images[0]
+            return _shared(image[None]), tf.constant(masks[0][None], tf.int32)
+        out_masks = self.mask_buffers.take(len(boxes))
+        out_images = aligned_empty((len(boxes), *out_masks.shape[1:3], self.shape[2]))
+        cut(images, masks, boxes, out_images, out_masks, self.fill)
+        return _shared(out_images), _shared(out_masks)
+
+    def boxes(self, step: int, sizes: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """[B, 6] int32 of the batch's pairs: their own (height, width), then where each
         is cut (crops.py's box: height and width scaled to, top, left), from draws keyed
         by (seed, epoch, batch, position in the global batch); a pair padded, or read at
@@ -139,6 +173,8 @@ class OrderedReader:
         sizing = self.sizing
         heights, widths = sizes[:, 0], sizes[:, 1]
         if sizing is None or sizing.crop_size is None:
+            if sizing is not None and sizing.pad_to is not None:
+                self._check_pad_to(sizes, indices)
             cuts = pad_boxes(heights, widths)
         else:
             epoch, batch = self.schedule.position(step)
@@ -146,6 +182,17 @@ class OrderedReader:
             draws = uniform_draws(self.seed, epoch, batch, first + np.arange(len(sizes)))
             cuts = crop_boxes(heights, widths, sizing.crop_size, draws, sizing.crop_scale)
         return np.concatenate([sizes.astype(np.int32), cuts], axis=1)
+
+    def _check_pad_to(self, sizes: np.ndarray, indices: np.ndarray) -> None:
+        larger = np.flatnonzero(np.any(sizes > np.array(self.sizing.pad_to), axis=1))
+        if len(larger):
+            k = int(larger[0])
+            height, width = self.sizing.pad_to
+            raise OptionsError(
+                f"{self.records.located(int(indices[k]))}: a record is larger than "
+                f"pad_to=({height}, {width}): it is {sizes[k][0]}x{sizes[k][1]} (HxW); pass "
+                "a larger pad_to, or batch_size=1 to read records at their own size"
+            )
 
     def _wide(self, masks: np.ndarray) -> tf.Tensor:
         """uint8 masks as the int32 tensor read() delivers, in a recycled array (see
@@ -257,6 +304,8 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
     shape, tf_decodes = reader.shape, reader.pixels is None
     keeps_decoded = tf_decodes and reader.store is not None  # else the store is kept by fetch
     keeps_native = shape[0] is None and reader.store is not None
+    cuts = reader.cuts
+    delivered = reader.delivered_shape
     if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
 
         def ahead(step: tf.Tensor) -> tf.Tensor:
@@ -269,33 +318,35 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
             fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.int32, tf.int32]
         )
         boxes = tf.ensure_shape(boxes, [None, 6])
+        records = tf.ensure_shape(records, [None])
+        image = tf.ensure_shape(images, [None, *delivered])
+        mask = tf.ensure_shape(masks, [None, *delivered[:2], 1])
+
+        def from_pixels():  # decoded by fetch: cut there, or to cut here
+            if cuts or place is None:
+                return image, mask
+            return place(image, mask, boxes)
+
         if shape[0] is None:  # records of many sizes: each decoded (or read) and placed
-            records = tf.ensure_shape(records, [None])
-            image = tf.ensure_shape(images, [None, None, None, shape[2]])
-            mask = tf.ensure_shape(masks, [None, None, None, 1])
             image, mask = tf.cond(
                 tf.ensure_shape(decoded, []),
-                lambda: place(image, mask, boxes),
+                from_pixels,
                 lambda: decode(records, boxes, indices, keep if keeps_native else None),
             )
             return step, image, mask
-        image = tf.ensure_shape(images, [None, *shape])
-        mask = tf.ensure_shape(masks, [None, *shape[:2], 1])
 
         def decoded_by_tensorflow():  # PNG/JPEG or records to resize
-            image, mask = decode(tf.ensure_shape(records, [None]))
+            image, mask = decode(records)
             if keeps_decoded:  # the store keeps uint8 masks: before the cast
                 kept = tf.py_function(keep, [indices, image, mask], tf.bool)
                 with tf.control_dependencies([kept]):
                     image, mask = tf.identity(image), tf.identity(mask)
-            return image, tf.cast(mask, tf.int32)  # as fetch delivers them
+            mask = tf.cast(mask, tf.int32)  # as fetch delivers them
+            return (image, mask) if place is None else place(image, mask, boxes)
 
-        if tf_decodes:
-            image, mask = tf.cond(
-                tf.ensure_shape(decoded, []), lambda: (image, mask), decoded_by_tensorflow
-            )
-        if place is not None:
-            image, mask = place(image, mask, boxes)
+        if not tf_decodes:
+            return step, *from_pixels()
+        image, mask = tf.cond(tf.ensure_shape(decoded, []), from_pixels, decoded_by_tensorflow)
         return step, image, mask
 
     return steps.map(load, num_parallel_calls=AUTOTUNE, deterministic=True)
@@ -377,6 +428,7 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         pixels,
         plan.sizing,
         plan.order_seed,
+        fill_label(shards),
     )
 
 
@@ -387,7 +439,10 @@ def delivered_masks(plan, batch_size: int) -> RecycledArrays:
     one NumPy multiply per batch into recycled arrays (benchmarks/README.md, issue 44;
     the same multiply split over two threads was slower still)."""
     height, width, _ = plan.shape
-    if height is None:  # records of many sizes: TensorFlow delivers their masks
+    sizing = plan.sizing
+    if sizing.active and sizing.crop_scale is None:  # cut by fetch (OrderedReader.cuts)
+        height, width = sizing.size
+    if height is None:  # records of many sizes, not cut by fetch: no recycled masks
         height = width = 0
     return RecycledArrays((batch_size, height, width, 1), np.int32)
 
