@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfshards.readers.crops import crop_boxes, crop_corners, pad_boxes, uniform_draws
+from tfshards.readers.crops import crop_boxes, crop_corners, cut, pad_boxes, uniform_draws
 
 
 def test_draws_are_keyed_by_seed_epoch_batch_and_position_alone():
@@ -41,3 +41,20 @@ def test_scaled_boxes_and_pads():
     boxes = crop_boxes(np.array([100, 100]), np.array([40, 40]), (32, 32), draws, (0.5, 2.0))
     assert boxes.tolist() == [[50, 20, 9, 0], [200, 80, 0, 0]]
     assert pad_boxes(np.array([3]), np.array([4])).tolist() == [[3, 4, 0, 0]]
+
+
+def test_cut_copies_each_crop_and_pads_smaller_records():
+    big = np.arange(6 * 7 * 2, dtype=np.uint8).reshape(6, 7, 2)
+    small = np.full((2, 3, 2), 9, np.uint8)
+    images = [big, small]
+    masks = [big[:, :, :1] + 1, small[:, :, :1] + 1]
+    boxes = np.array([[6, 7, 6, 7, 2, 3], [2, 3, 2, 3, 0, 0]])
+    out_images = np.full((2, 4, 4, 2), 77, np.uint8)  # whatever was there before
+    out_masks = np.full((2, 4, 4, 1), 77, np.int32)
+    cut(images, masks, boxes, out_images, out_masks, fill_label=255)
+    assert np.array_equal(out_images[0], big[2:6, 3:7])
+    assert np.array_equal(out_masks[0], big[2:6, 3:7, :1] + 1)
+    assert np.array_equal(out_images[1, :2, :3], small) and not out_images[1, 2:].any()
+    assert not out_images[1, :2, 3:].any()
+    assert np.all(out_masks[1, :2, :3] == 10) and np.all(out_masks[1, 2:] == 255)
+    assert np.all(out_masks[1, :2, 3:] == 255)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MEMBRANE, read_records, write_pairs
+from conftest import MEMBRANE, mixed_sizes, read_records, write_pairs
 
 import tfshards
 from tfshards import ManifestError, OptionsError, ReadOptions, convert
@@ -759,6 +759,34 @@ def test_a_changed_cache_byte_stops_the_read_and_the_next_read_rebuilds(
     assert digests(tfshards.read(four_classes, **ordered)) == expected  # rebuilt
     assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
     assert digests(tfshards.read(four_classes, **ordered)) == expected  # read, checked
+
+
+@pytest.mark.parametrize("damage", ["image byte", "index truncated", "pixels truncated"])
+def test_a_damaged_cache_of_records_of_many_sizes(tmp_path, damage):
+    """Records of many sizes are cached each at its own size, with an index: a changed
+    byte stops the read and removes the entry; a truncated file makes it not ready, so
+    the next read builds it again; either way, the crops are the same as before."""
+    shards, cache = mixed_sizes(tmp_path), tmp_path / "cache"
+    options = dict(batch_size=4, image_dtype="uint8", seed=1, crop_size=(16, 16), cache=cache)
+    expected = digests(tfshards.read(shards, **options))  # builds
+    (entry,) = tfshards.list_caches(cache)
+    ready = entry.path / "ready"
+    assert sorted(p.name for p in ready.iterdir()) == [
+        "pairs.crc32", "pairs.image", "pairs.index", "pairs.mask"
+    ]  # fmt: skip
+    index = np.fromfile(ready / "pairs.index", "<i8").reshape(12, 4)
+    assert sorted(map(tuple, index[:, 2:])) == sorted([(20, 32), (40, 24), (12, 12), (32, 48)] * 3)
+    if damage == "image byte":
+        _flip(ready / "pairs.image", int(index[7, 0]) + 5)
+        with pytest.raises(tf.errors.OpError, match="pair 7 does not match its checksum"):
+            digests(tfshards.read(shards, **options))
+        assert not ready.exists(), "the damaged entry is never named again"
+    else:
+        name = "pairs.index" if damage == "index truncated" else "pairs.mask"
+        os.truncate(ready / name, (ready / name).stat().st_size - 8)
+    assert digests(tfshards.read(shards, **options)) == expected  # rebuilt
+    assert digests(tfshards.read(shards, **options)) == expected  # read, checked
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
 
 
 def test_a_cache_damaged_under_an_open_dataset_stops_its_next_epoch(four_classes, tmp_path):

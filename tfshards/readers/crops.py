@@ -1,11 +1,12 @@
 """Where each crop of a batch lies: pure NumPy, a function of (seed, epoch, batch, position).
 
 The ordered reader (ordered.py) places every crop before its pixels are decoded, from
-the records' sizes alone; TensorFlow then only cuts (and, with ``crop_scale``, resizes)
-each record as placed here. Every random number comes from a generator keyed by
-``(seed, epoch, batch, position in the batch)`` (NumPy's PCG64 through a SeedSequence of
-those numbers), never from a generator whose state lives in the process, so a batch read
-again, in another process or resumed at its (epoch, batch), gets the same crops.
+the records' sizes alone, then cuts decoded pairs here (:func:`cut`), or has TensorFlow
+cut them (records it decodes, and ``crop_scale``'s resizing). Every random number is a
+function of ``(seed, epoch, batch, position in the batch)`` (NumPy's PCG64, seeded
+through a SeedSequence of (seed, epoch, batch), its rows taken by position), never of a
+generator whose state lives in the process, so a batch read again, in another process
+or resumed at its (epoch, batch), gets the same crops.
 
 A box is ``(height, width, top, left)``: the size the record is scaled to (its own size
 without ``crop_scale``) and the crop's top-left corner in the scaled record. A record
@@ -22,13 +23,16 @@ _CROPS = 0x63726F70  # "crop": keeps these draws apart from other users of the s
 
 
 def uniform_draws(seed: int, epoch: int, batch: int, positions: np.ndarray) -> np.ndarray:
-    """``[len(positions), DRAWS]`` floats in [0, 1), row ``k`` keyed by (seed, epoch,
-    batch, positions[k]) alone: the same numbers in any process, in any order."""
-    rows = [
-        np.random.default_rng([_CROPS, int(seed), int(epoch), int(batch), int(p)]).random(DRAWS)
-        for p in np.asarray(positions).tolist()
-    ]
-    return np.array(rows, np.float64).reshape(len(rows), DRAWS)
+    """``[len(positions), DRAWS]`` floats in [0, 1): row ``k`` holds the draws of
+    position ``positions[k]`` of batch ``batch`` (counted over all pipelines' pairs of
+    that batch), a function of (seed, epoch, batch, position) alone: the same numbers in
+    any process, whichever positions are asked for together. One generator per batch,
+    seeded by (seed, epoch, batch), gives position p its p-th row of draws."""
+    positions = np.asarray(positions, np.int64)
+    if not len(positions):
+        return np.zeros((0, DRAWS))
+    rng = np.random.default_rng([_CROPS, int(seed), int(epoch), int(batch)])
+    return rng.random((int(positions.max()) + 1, DRAWS))[positions]
 
 
 def crop_corners(
@@ -112,9 +116,10 @@ def cut(
     holds of the record goes to the top left; the rest is 0 (images) and ``fill_label``
     (masks), as a record smaller than the crop or the pad is padded."""
     height, width = out_images.shape[1:3]
-    out_images[...] = 0
-    out_masks[...] = fill_label
     for k, (own_height, own_width, _, _, top, left) in enumerate(boxes.tolist()):
         rows, cols = min(height, own_height - top), min(width, own_width - left)
         out_images[k, :rows, :cols] = images[k][top : top + rows, left : left + cols]
         out_masks[k, :rows, :cols] = masks[k][top : top + rows, left : left + cols]
+        if rows < height or cols < width:  # the record is smaller: padded
+            out_images[k, rows:], out_images[k, :rows, cols:] = 0, 0
+            out_masks[k, rows:], out_masks[k, :rows, cols:] = fill_label, fill_label

@@ -1,11 +1,12 @@
-"""`tfshards.read`: a tf.data pipeline over the shards of one split, as a chain of stages.
+"""`tfshards.read`: a tf.data pipeline over the shards of one split.
 
-    shard records (source) -> shuffled records -> decoded -> served -> cached
-      -> shuffled pairs -> sized -> batched -> finished -> counted -> budgeted
+Every decision is made once, in a :class:`ReadPlan` (``plan.py``). Every read but the
+tf.data service's is the ordered reader's (``ordered.py``: batches read by record index,
+crops and pads included, resumable); the tf.data service's is a chain of stages
+(``stages.py``), each a ``(Dataset, ReadPlan) -> Dataset`` function:
 
-Every decision is made once, in a :class:`ReadPlan` (``plan.py``); each stage
-(``stages.py``) is a ``(Dataset, ReadPlan) -> Dataset`` function; the shard source
-(``source.py``) is the only stage that knows where the bytes are.
+    shard records (source) -> decoded -> served -> shuffled pairs -> sized -> batched
+      -> finished -> counted -> budgeted
 """
 
 from __future__ import annotations
@@ -87,7 +88,12 @@ def read(
     resolution (``ReadOptions(crop_scale=(0.5, 2.0))`` scales randomly first; smaller
     pairs are padded, masks with the ignore label, or 255 when none is declared);
     ``pad_to=(h, w)`` or ``batch_size=1`` evaluates at native size; ``image_size``
-    resizes every record instead.
+    resizes every record instead. A crop's place and scale are drawn from a generator
+    keyed by (seed, epoch, batch, position in the batch), so crops resume too.
+
+    start: ``(epoch, batch)`` or a :class:`ReadState` to begin at, exactly where an
+    uninterrupted read would be (see :class:`tfshards.ResumeCallback`); every read
+    resumes, crops and pads included, except through the tf.data service (``service``).
 
     cache: None streams; "memory" caches in RAM; True caches decoded uint8 pairs on disk
     beside the shards (or in the user cache folder); a path caches there. A disk cache is
