@@ -113,10 +113,24 @@ def test_crops_pads_and_native_sizes_start_anywhere_bit_for_bit(mixed, tmp_path,
         assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
 
 
+@pytest.fixture(scope="module")
+def png_dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("png")
+    images, masks = write_pairs(root / "data", count=30, size=(16, 16))
+    out = root / "shards"
+    tfshards.convert(images, masks, out, options=tfshards.ConvertOptions(encoding="keep"))
+    return out
+
+
+@pytest.mark.parametrize("encoding", ["default", "png"])
 @pytest.mark.parametrize("cache", [None, "memory", "disk"])
-def test_crops_of_fixed_size_records_resume_with_each_cache(dataset, tmp_path, cache):
+def test_crops_of_fixed_size_records_resume_with_each_cache(
+    dataset, png_dataset, tmp_path, cache, encoding
+):
     """The cache holds whole records; crops cut from them resume exactly, from a cache
-    being built (first read) and from a ready one (the resumed reads)."""
+    being built (first read) and from a ready one (the resumed reads); records decoded
+    by the reader (default) or by TensorFlow (PNG)."""
+    dataset = png_dataset if encoding == "png" else dataset
     cache = tmp_path / "c" if cache == "disk" else cache
     options = dict(batch_size=4, seed=5, image_dtype="uint8", cache=cache, crop_size=(9, 7))
     ds = tfshards.read(dataset, **options)

@@ -35,6 +35,8 @@ from tfshards.readers.cache.store import (
     Publisher,
     _read_row,
     _written_whole,
+    damaged_message,
+    discard_ready,
     flushed_while_built,
 )
 
@@ -124,12 +126,9 @@ class NativeStore:
             images.append(image)
             masks.append(mask)
         if wrong:
-            raise CacheDamagedError(
-                f"disk cache {self.cache.folder}: pair {min(wrong)} does not match its "
-                f"checksum in {CHECKSUM_FILE}: bytes of {FLAT_FILES[0]} or {FLAT_FILES[1]} "
-                "changed on disk after the entry was built; run `tfshards cache clear` on "
-                "the dataset and read again"
-            )
+            with self._lock:
+                removed = discard_ready(self.cache, self._published[0])
+            raise CacheDamagedError(damaged_message(self.cache, sorted(wrong), removed))
         return images, masks
 
     def write(self, indices: np.ndarray, images: list, masks: list) -> None:
