@@ -33,6 +33,7 @@ from tfshards.readers.cache.store import (
     CacheDamagedError,
     Flusher,
     Publisher,
+    _crc32_at,
     _read_row,
     _written_whole,
     damaged_message,
@@ -46,8 +47,14 @@ Pair = tuple[np.ndarray, np.ndarray]
 
 
 def pair_crc(index: int, image: np.ndarray, mask: np.ndarray) -> int:
-    """store.py's CRC of one pair: of its image's bytes then its mask's, from its index."""
-    return zlib.crc32(mask.data, zlib.crc32(image.data, index & 0xFFFFFFFF))
+    """store.py's CRC of one pair (C-contiguous arrays): of its image's bytes then its
+    mask's, from its index; ISA-L's where installed (zlib's: a millisecond per 700x700
+    RGB pair, more than the rest of its read)."""
+    extend = _crc32_at()
+    if extend is None:
+        return zlib.crc32(mask.data, zlib.crc32(image.data, index & 0xFFFFFFFF))
+    crc = extend(index & 0xFFFFFFFF, image.ctypes.data, image.nbytes)
+    return extend(crc, mask.ctypes.data, mask.nbytes)
 
 
 def native_ready(folder: Path, records: int, channels: int) -> bool:
