@@ -32,7 +32,17 @@ processes pinned with os.sched_setaffinity before TensorFlow starts), and peak R
 and 4x the data. The OS page cache is warm for every row (the files were just written or
 read).
 After the targets, each build's ratio to its stream if CPU alone limited both (its
-stream's CPU per pair against that plus bound_cache_write's) beside the measured one."""
+stream's CPU per pair against that plus bound_cache_write's) beside the measured one.
+
+With ``--sizing-against REV`` only crops and pads run: records of ten sizes from 300 to
+700 px a side (--count synth pairs, default conversion), cropped to 256x256 (also with
+crop_scale, and from a memory cache), padded to 704x704, and at native size in batches
+of one, each row in a fresh process for this checkout and for the tfshards of git
+revision REV, in --repeats rounds alternating which goes first: pairs/s and CPU ms per
+pair (process time) of one epoch after a warm-up epoch, medians and min-max spreads,
+and the ratios here / REV. --count 200 --repeats 3 took about 8 minutes on 2 cores.
+
+    python benchmarks/read_throughput.py --sizing-against b9613ae --count 200 --reuse /tmp/sz"""
 
 from __future__ import annotations
 
@@ -93,10 +103,21 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, help="also write every row's passes (pairs/s, CPU ms/pair) here"
     )
+    parser.add_argument(
+        "--sizing-against",
+        metavar="REV",
+        help="only the crop/pad rows (records of mixed sizes), for this checkout and the "
+        "tfshards of git revision REV side by side, in --repeats alternating rounds",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # ROW:ROOT:CORES, for scaling
+    parser.add_argument("--sizing-child", help=argparse.SUPPRESS)  # JSON job, see sizing_child
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.sizing_child:
+        return sizing_child(json.loads(args.sizing_child))
+    if args.sizing_against:
+        return sizing_against(args)
     if args.reuse:
         args.reuse.mkdir(parents=True, exist_ok=True)
         return run(args.reuse, args)
@@ -568,6 +589,113 @@ def rss_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
             )
         shutil.rmtree(data)
     return rows
+
+
+# Crops and pads of records of mixed sizes (issue 45, point 6): this checkout against an
+# older tree, in child processes (a fresh TensorFlow each), rounds alternating which
+# tree goes first. A row: one warm-up epoch, then one timed epoch.
+SIZING_ROWS = {  # name: read() keywords
+    "crop256": dict(batch_size=16, crop_size=(256, 256)),
+    "crop256_scaled": dict(batch_size=16, crop_size=(256, 256), crop_scale=(0.5, 1.5)),
+    "crop256_memory": dict(batch_size=16, crop_size=(256, 256), cache="memory"),
+    "pad704": dict(batch_size=8, pad_to=(704, 704), shuffle=False),
+    "native_b1": dict(batch_size=1, shuffle=False),
+}
+SIZES = [(300 + 44 * k, 700 - 40 * k) for k in range(10)]  # 300-700 px a side, 10 sizes
+
+
+def sizing_data(root: Path, count: int) -> Path:
+    """``count`` synth pairs (RGB, 3 classes) of ten sizes from 300 to 700 px a side,
+    converted with the default options; reused when present."""
+    import tfshards
+
+    out = root / "mixed"
+    if (out / "tfshards.json").is_file():
+        return out
+    data = root / "mixed-data"
+    for kind in ("images", "masks"):
+        (data / kind).mkdir(parents=True, exist_ok=True)
+    for k, size in enumerate(SIZES):
+        part = root / f"mixed-{k}"
+        images, masks = tfshards.synth(part, count=max(1, count // len(SIZES)), size=size, seed=k)
+        for folder, kind in ((images, "images"), (masks, "masks")):
+            for file in sorted(folder.iterdir()):
+                file.rename(data / kind / f"{k}-{file.name}")
+    tfshards.convert(data / "images", data / "masks", out, progress=False)
+    return out
+
+
+def sizing_against(args: argparse.Namespace) -> None:
+    import _trees
+
+    root = args.reuse or Path(tempfile.mkdtemp(prefix="tfshards-sizing-bench-"))
+    shards = sizing_data(root, args.count)
+    other, commit = _trees.tree_of(args.sizing_against, root)
+    trees = [("here", _trees.HERE), (commit, other)]
+    results: dict = {}
+    for round_index in range(args.repeats):
+        order = trees if round_index % 2 == 0 else trees[::-1]
+        for name in SIZING_ROWS:
+            for label, tree in order:
+                job = json.dumps({"shards": str(shards), "row": name})
+                done = subprocess.run(
+                    [sys.executable, __file__, "--sizing-child", job],
+                    capture_output=True, text=True, env=_trees.env_of(tree), check=False,
+                )  # fmt: skip
+                if done.returncode != 0:
+                    raise RuntimeError(f"{label} {name}: {done.stderr[-2000:]}")
+                line = done.stdout.strip().splitlines()[-1]
+                results.setdefault((name, label), []).append(json.loads(line))
+    print(
+        f"{args.count} pairs, RGB, 10 sizes 300-700 px a side, default conversion; "
+        f"{os.cpu_count()} cores; {args.repeats} alternating rounds; here vs {commit}"
+    )
+    print(markdown_table(sizing_table(results, commit)))
+
+
+def sizing_table(results: dict, commit: str) -> list[dict]:
+    """Per row: each tree's median pairs/s and CPU ms per pair (min-max spread), and the
+    ratios here / before of the medians."""
+    rows = []
+    for name in SIZING_ROWS:
+        here, before = results[(name, "here")], results[(name, commit)]
+        rate = [statistics.median(r["pairs_s"] for r in runs) for runs in (here, before)]
+        cpu = [statistics.median(r["cpu_ms"] for r in runs) for runs in (here, before)]
+        rows.append({
+            "row": name,
+            "pairs/s here": f"{rate[0]:.1f} ({_spread(here, 'pairs_s')})",
+            f"pairs/s {commit}": f"{rate[1]:.1f} ({_spread(before, 'pairs_s')})",
+            "speed ratio": f"{rate[0] / rate[1]:.2f}",
+            "CPU ms/pair here": f"{cpu[0]:.1f} ({_spread(here, 'cpu_ms')})",
+            f"CPU ms/pair {commit}": f"{cpu[1]:.1f} ({_spread(before, 'cpu_ms')})",
+            "CPU ratio": f"{cpu[0] / cpu[1]:.2f}",
+        })  # fmt: skip
+    return rows
+
+
+def _spread(runs: list[dict], key: str) -> str:
+    values = [r[key] for r in runs]
+    return f"{min(values):.1f}-{max(values):.1f}"
+
+
+def sizing_child(job: dict) -> None:
+    """One row in this process: a warm-up epoch, then a timed one; prints its JSON."""
+    import tfshards
+
+    keywords = dict(SIZING_ROWS[job["row"]])
+    scale = keywords.pop("crop_scale", None)
+    options = tfshards.ReadOptions(crop_scale=scale) if scale else None
+    ds = tfshards.read(job["shards"], seed=0, image_dtype="uint8", options=options, **keywords)
+    for _ in ds:  # warm-up: graphs traced, the memory cache built, pages read
+        pass
+    batches = int(ds.cardinality())
+    wall, cpu, pairs = time.perf_counter(), time.process_time(), 0
+    for count, (images, _) in enumerate(ds, 1):
+        pairs += int(images.shape[0])
+        if count == batches:  # timed to the last batch (see "How passes are timed")
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            break
+    print(json.dumps({"pairs_s": pairs / wall, "cpu_ms": 1000 * cpu / pairs}))
 
 
 if __name__ == "__main__":

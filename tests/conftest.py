@@ -125,3 +125,24 @@ def run_json_script(code: str, *args: object, timeout: int = 240):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def mixed_sizes(root: Path) -> Path:
+    """Shards of 12 records of four sizes; each mask is 1 where the image is bright."""
+    import tfshards
+
+    rng = np.random.default_rng(2)
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    for index, (height, width) in enumerate([(20, 32), (40, 24), (12, 12), (32, 48)] * 3):
+        cells = rng.integers(0, 2, (height // 4, width // 4), dtype=np.uint8)
+        blocks = np.kron(cells, np.ones((4, 4), np.uint8))
+        Image.fromarray(blocks * 255).save(root / "images" / f"{index:02d}.png")
+        Image.fromarray(blocks).save(root / "masks" / f"{index:02d}.png")
+    out = root / "shards"
+    tfshards.convert(
+        root / "images", root / "masks", out, num_classes=2, num_shards=2, workers=1,
+        progress=False,
+    )  # fmt: skip
+    assert tfshards.Manifest.load(out).image_shape is None
+    return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MEMBRANE, read_records, write_pairs
+from conftest import MEMBRANE, mixed_sizes, read_records, write_pairs
 
 import tfshards
 from tfshards import ManifestError, OptionsError, ReadOptions, convert
@@ -545,19 +545,19 @@ def test_a_cache_read_by_index_with_several_input_pipelines_is_refused(dataset, 
     digests(tfshards.read(shards, batch_size=4, input_context=one, cache=cache))
 
 
-def test_cropped_reads_with_input_pipelines_each_cache_their_own_shards(dataset, tmp_path):
-    """Records of many sizes are shared out by shard file: a pipeline reads the same
-    records every epoch, and its cache (keyed by the pipeline) holds exactly those."""
-    cache, records = tmp_path / "cache", []
+def test_cropped_reads_with_input_pipelines_share_one_global_order(dataset, tmp_path):
+    """Crops are read by index like every read: each pipeline its slice of every round
+    (equal batch counts); a cache across pipelines is refused, as for every ordered read."""
+    options = dict(batch_size=4, image_dtype="uint8", crop_size=(8, 8), seed=0)
+    counts = []
     for pipeline in range(2):
         context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline)
-        options = dict(batch_size=4, image_dtype="uint8", crop_size=(8, 8), seed=0)
-        ds = tfshards.read(dataset, input_context=context, cache=cache, **options)
-        records.append(len(digests(ds)))
-        assert len(digests(ds)) == records[-1]
-    entries = [(e.info.pipeline, e.state, e.info.records) for e in tfshards.list_caches(cache)]
-    assert sorted(entries) == [((0, 2), "ready", records[0]), ((1, 2), "ready", records[1])]
-    assert sum(records) == tfshards.Manifest.load(dataset).splits["train"].records
+        batches = list(tfshards.read(dataset, input_context=context, **options))
+        counts.append([int(images.shape[0]) for images, _ in batches])
+        with pytest.raises(tfshards.OptionsError, match="cannot be combined with input_context"):
+            tfshards.read(dataset, input_context=context, cache=tmp_path / "c", **options)
+    rounds = tfshards.Manifest.load(dataset).splits["train"].records // 8
+    assert counts == [[4] * rounds] * 2
 
 
 def test_tf_data_service_delivers_every_record_once(dataset):
@@ -761,6 +761,34 @@ def test_a_changed_cache_byte_stops_the_read_and_the_next_read_rebuilds(
     assert digests(tfshards.read(four_classes, **ordered)) == expected  # read, checked
 
 
+@pytest.mark.parametrize("damage", ["image byte", "index truncated", "pixels truncated"])
+def test_a_damaged_cache_of_records_of_many_sizes(tmp_path, damage):
+    """Records of many sizes are cached each at its own size, with an index: a changed
+    byte stops the read and removes the entry; a truncated file makes it not ready, so
+    the next read builds it again; either way, the crops are the same as before."""
+    shards, cache = mixed_sizes(tmp_path), tmp_path / "cache"
+    options = dict(batch_size=4, image_dtype="uint8", seed=1, crop_size=(16, 16), cache=cache)
+    expected = digests(tfshards.read(shards, **options))  # builds
+    (entry,) = tfshards.list_caches(cache)
+    ready = entry.path / "ready"
+    assert sorted(p.name for p in ready.iterdir()) == [
+        "pairs.crc32", "pairs.image", "pairs.index", "pairs.mask"
+    ]  # fmt: skip
+    index = np.fromfile(ready / "pairs.index", "<i8").reshape(12, 4)
+    assert sorted(map(tuple, index[:, 2:])) == sorted([(20, 32), (40, 24), (12, 12), (32, 48)] * 3)
+    if damage == "image byte":
+        _flip(ready / "pairs.image", int(index[7, 0]) + 5)
+        with pytest.raises(tf.errors.OpError, match="pair 7 does not match its checksum"):
+            digests(tfshards.read(shards, **options))
+        assert not ready.exists(), "the damaged entry is never named again"
+    else:
+        name = "pairs.index" if damage == "index truncated" else "pairs.mask"
+        os.truncate(ready / name, (ready / name).stat().st_size - 8)
+    assert digests(tfshards.read(shards, **options)) == expected  # rebuilt
+    assert digests(tfshards.read(shards, **options)) == expected  # read, checked
+    assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+
+
 def test_a_cache_damaged_under_an_open_dataset_stops_its_next_epoch(four_classes, tmp_path):
     cache = tmp_path / "cache"
     ds = tfshards.read(four_classes, batch_size=4, image_dtype="uint8", seed=2, cache=cache)
@@ -863,14 +891,14 @@ def test_a_process_started_while_the_cache_is_half_built(many_records, tmp_path)
 
 
 def test_a_cropped_read_of_fixed_size_records_reuses_its_disk_cache(dataset, tmp_path, caplog):
-    """The per-pair pipeline's cache (parts) and the ordered reader's (flat files) are
-    entries of their own: a cropped read found its entry never ready and rebuilt it."""
+    """The cache holds whole decoded records, cropped after: a cropped read and an
+    uncropped one share one entry (flat files), each reading it once it is built."""
     cache = tmp_path / "cache"
     options = dict(batch_size=4, image_dtype="uint8", seed=0, crop_size=(8, 8), cache=cache)
-    digests(tfshards.read(dataset, **options))
+    first = digests(tfshards.read(dataset, **options))
     with caplog.at_level(logging.INFO, logger="tfshards"):
-        digests(tfshards.read(dataset, **options))
+        assert digests(tfshards.read(dataset, **options)) == first
+        digests(tfshards.read(dataset, batch_size=4, image_dtype="uint8", seed=0, cache=cache))
     assert "reading the disk cache" in caplog.text and "building" not in caplog.text
-    digests(tfshards.read(dataset, batch_size=4, image_dtype="uint8", seed=0, cache=cache))
     states = sorted((e.info.files, e.state) for e in tfshards.list_caches(cache))
-    assert states == [("flat", "ready"), ("parts", "ready")]
+    assert states == [("flat", "ready")]

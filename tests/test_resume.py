@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import write_pairs
+from conftest import mixed_sizes, write_pairs
 
 import tfshards
 from tfshards.readers.resume import ResumeError
@@ -73,6 +73,95 @@ def test_an_epoch_is_the_same_in_another_process(dataset):
         _batches(ds)
     here = hashlib.sha1(b"".join(i.numpy().tobytes() for i, _ in ds)).hexdigest()
     assert runs[0].stdout.strip() == runs[1].stdout.strip() == here
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    return mixed_sizes(tmp_path_factory.mktemp("mixed"))
+
+
+SIZED = {
+    "crop": dict(batch_size=4, crop_size=(16, 16)),
+    "crop_scale": dict(
+        batch_size=4, crop_size=(16, 16), options=tfshards.ReadOptions(crop_scale=(0.5, 1.5))
+    ),
+    "pad": dict(batch_size=4, pad_to=(40, 48)),
+    "native": dict(batch_size=1),
+}
+
+
+@pytest.mark.parametrize("cache", [None, "memory", "disk"])
+@pytest.mark.parametrize("sizing", SIZED)
+def test_crops_pads_and_native_sizes_start_anywhere_bit_for_bit(mixed, tmp_path, sizing, cache):
+    """Records of many sizes, cropped (and scaled), padded or at their own size in
+    batches of one: a read started at (epoch, batch) delivers the uninterrupted read's
+    batches from there, crops included; with a cache, from the cache its first epoch
+    built (whole records, each at its own size), the same pixels."""
+    cache = tmp_path / "c" if cache == "disk" else cache
+    options = dict(seed=3, image_dtype="uint8", cache=cache, **SIZED[sizing])
+    ds = tfshards.read(mixed, **options)
+    per_epoch = int(ds.cardinality())
+    stream = [b for _ in range(3) for b in _batches(ds)]
+    assert len(set(stream[:per_epoch])) == per_epoch
+    if sizing.startswith("crop"):
+        assert stream[:per_epoch] != stream[per_epoch : 2 * per_epoch], "new crops each epoch"
+    for epoch, batch in [(0, 1), (1, 0), (1, per_epoch - 1)]:
+        resumed = tfshards.read(mixed, **options, start=(epoch, batch))
+        at = epoch * per_epoch + batch
+        assert _batches(resumed) == stream[at : at + per_epoch]
+    if cache is not None and cache != "memory":
+        assert [e.state for e in tfshards.list_caches(cache)] == ["ready"]
+
+
+@pytest.fixture(scope="module")
+def png_dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("png")
+    images, masks = write_pairs(root / "data", count=30, size=(16, 16))
+    out = root / "shards"
+    tfshards.convert(images, masks, out, options=tfshards.ConvertOptions(encoding="keep"))
+    return out
+
+
+@pytest.mark.parametrize("encoding", ["default", "png"])
+@pytest.mark.parametrize("cache", [None, "memory", "disk"])
+def test_crops_of_fixed_size_records_resume_with_each_cache(
+    dataset, png_dataset, tmp_path, cache, encoding
+):
+    """The cache holds whole records; crops cut from them resume exactly, from a cache
+    being built (first read) and from a ready one (the resumed reads); records decoded
+    by the reader (default) or by TensorFlow (PNG)."""
+    dataset = png_dataset if encoding == "png" else dataset
+    cache = tmp_path / "c" if cache == "disk" else cache
+    options = dict(batch_size=4, seed=5, image_dtype="uint8", cache=cache, crop_size=(9, 7))
+    ds = tfshards.read(dataset, **options)
+    stream = [b for _ in range(2) for b in _batches(ds)]
+    per_epoch = len(stream) // 2
+    for epoch, batch in [(0, 3), (1, 0)]:
+        resumed = tfshards.read(dataset, **options, start=(epoch, batch))
+        at = epoch * per_epoch + batch
+        assert _batches(resumed, count=per_epoch - batch) == stream[at : at + per_epoch - batch]
+
+
+def test_crops_are_the_same_in_another_process(mixed):
+    """Crop positions and scales come from (seed, epoch, batch, position), not from a
+    generator of the process: another process draws the same ones."""
+    code = (
+        "import hashlib, tfshards\n"
+        f"ds = tfshards.read({str(mixed)!r}, batch_size=4, seed=9, image_dtype='uint8',"
+        " crop_size=(16, 16), options=tfshards.ReadOptions(crop_scale=(0.5, 1.5)),"
+        " start=(2, 1))\n"
+        "print(hashlib.sha1(b''.join(i.numpy().tobytes() for i, m in ds)).hexdigest())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import hashlib
+
+    ds = tfshards.read(
+        mixed, batch_size=4, seed=9, image_dtype="uint8", crop_size=(16, 16),
+        options=tfshards.ReadOptions(crop_scale=(0.5, 1.5)),
+    )  # fmt: skip
+    stream = [i.numpy().tobytes() for _ in range(4) for i, _ in ds]
+    here = hashlib.sha1(b"".join(stream[2 * 3 + 1 : 3 * 3 + 1])).hexdigest()
+    assert run.stdout.strip() == here
 
 
 def _train(dataset, backup, log, cache, kill_at, repeat=False, **env) -> int:
@@ -408,8 +497,11 @@ def test_pipelines_get_equal_batches_and_the_global_order_is_elastic(dataset):
 
 
 def test_resume_needs_the_ordered_reader(dataset):
+    import tensorflow as tf
+
+    dispatcher = tf.data.experimental.service.DispatchServer()
     with pytest.raises(tfshards.OptionsError, match="start= needs a read by index"):
-        tfshards.read(dataset, batch_size=4, seed=5, pad_to=(16, 16), start=(0, 1))
+        tfshards.read(dataset, batch_size=4, seed=5, service=dispatcher.target, start=(0, 1))
     with pytest.raises(ResumeError, match="needs the dataset returned by tfshards.read"):
         tfshards.ResumeCallback("b", tfshards.read(dataset, batch_size=4).map(lambda a, b: a))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_pairs
+from conftest import mixed_sizes, write_pairs
 from PIL import Image
 
 import tfshards
@@ -311,25 +311,6 @@ def test_ignore_label_from_conversion_to_the_loss(tmp_path):
     history = model.fit(tfshards.read(out, batch_size=4, seed=0), epochs=8, verbose=0)
     losses = history.history["loss"]
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
-
-
-def mixed_sizes(root: Path) -> Path:
-    """Records of four sizes; each mask is 1 where the image is bright, 0 elsewhere."""
-    rng = np.random.default_rng(2)
-    (root / "images").mkdir(parents=True)
-    (root / "masks").mkdir()
-    for index, (height, width) in enumerate([(20, 32), (40, 24), (12, 12), (32, 48)] * 3):
-        cells = rng.integers(0, 2, (height // 4, width // 4), dtype=np.uint8)
-        blocks = np.kron(cells, np.ones((4, 4), np.uint8))
-        Image.fromarray(blocks * 255).save(root / "images" / f"{index:02d}.png")
-        Image.fromarray(blocks).save(root / "masks" / f"{index:02d}.png")
-    out = root / "shards"
-    tfshards.convert(
-        root / "images", root / "masks", out, num_classes=2, num_shards=2, workers=1,
-        progress=False,
-    )  # fmt: skip
-    assert tfshards.Manifest.load(out).image_shape is None
-    return out
 
 
 @pytest.mark.parametrize("cache", [None, "disk"])

@@ -133,7 +133,7 @@ def service_address(service: str) -> tuple[str, int]:
 
 def batches_per_epoch(plan) -> int:
     """Batches each input pipeline reads per epoch (the ordered path's schedule, or the
-    per-pair path's batching of this pipeline's shards)."""
+    tf.data service's per-pair batching)."""
     if not plan.ordered:
         return plan.batching.count
     index, count = plan.pipeline

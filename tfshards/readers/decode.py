@@ -2,10 +2,10 @@
 
 The ordered reader decodes raw and deflate records of the size it reads in Python, a
 batch at a time (``sources/pixel_batches.py``); these decoders serve the rest: PNG/JPEG
-and records to resize, and the per-pair path (crops and pads of mixed sizes, the tf.data
-service). They come from the format registry (``schemas/format.py``): raw and deflate
-records of one size are decoded a whole batch at a time, PNG/JPEG one record at a time,
-in parallel.
+and records to resize, records of many sizes (each decoded at its own size, then cut),
+and the tf.data service's per-pair path. They come from the format registry
+(``schemas/format.py``): raw and deflate records of one size are decoded a whole batch
+at a time, PNG/JPEG one record at a time, in parallel.
 """
 
 from __future__ import annotations

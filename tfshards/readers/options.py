@@ -39,11 +39,12 @@ _CACHE_WORDS = {
 class ReadOptions:
     """Pipeline knobs; the defaults follow from the shard count and record size.
 
-    cycle_length: shards whose records are mixed together. Batched reads (the default
-        path): an epoch takes the shards in groups of this many (default: as many as fit
-        in 256 MiB, 64 MiB for a dataset at a URL, whose first batch waits for its group
-        to download). Crops, pads and the tf.data service: shards interleaved at once
-        (default: min(shards, 8); 1 when not shuffling or when building a cache).
+    cycle_length: shards whose records are mixed together. Reads by index (every read
+        but the tf.data service's): an epoch takes the shards in groups of this many
+        (default: as many as fit in 256 MiB, 64 MiB for a dataset at a URL, whose first
+        batch waits for its group to download). The tf.data service: shards interleaved
+        at once (default: min(shards, 8); 1 when not shuffling).
+    The next five apply to the tf.data service's per-pair pipeline only.
     block_length: consecutive records taken from one shard before moving on.
     parse_batch_size: records parsed per vectorized ``parse_example`` call.
     shuffle_buffer: records mixed by the shuffle buffer (default: as many as fit in
@@ -53,7 +54,8 @@ class ReadOptions:
     deterministic: element order independent of thread timing (default: True when
         not shuffling or when a seed is given).
     crop_scale: with ``read(crop_size=...)``, scale each pair by a random factor in
-        (low, high) before cropping (default: no scaling).
+        (low, high) before cropping (default: no scaling); the factor, as the crop's
+        place, is drawn by (seed, epoch, batch, position in the batch).
 
     A dataset at a URL (``s3://``, ``gs://``, any fsspec protocol) is read through a local
     shard cache:

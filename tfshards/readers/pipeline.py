@@ -1,11 +1,12 @@
-"""`tfshards.read`: a tf.data pipeline over the shards of one split, as a chain of stages.
+"""`tfshards.read`: a tf.data pipeline over the shards of one split.
 
-    shard records (source) -> shuffled records -> decoded -> served -> cached
-      -> shuffled pairs -> sized -> batched -> finished -> counted -> budgeted
+Every decision is made once, in a :class:`ReadPlan` (``plan.py``). Every read but the
+tf.data service's is the ordered reader's (``ordered.py``: batches read by record index,
+crops and pads included, resumable); the tf.data service's is a chain of stages
+(``stages.py``), each a ``(Dataset, ReadPlan) -> Dataset`` function:
 
-Every decision is made once, in a :class:`ReadPlan` (``plan.py``); each stage
-(``stages.py``) is a ``(Dataset, ReadPlan) -> Dataset`` function; the shard source
-(``source.py``) is the only stage that knows where the bytes are.
+    shard records (source) -> decoded -> served -> shuffled pairs -> sized -> batched
+      -> finished -> counted -> budgeted
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tfshards.malloc_arenas import keep_freed_batches
 from tfshards.readers import stages
 from tfshards.readers.arguments import check_batches, check_start
 from tfshards.readers.cache import DiskCache, default_cache_root
+from tfshards.readers.cache.native import NativeStore
 from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
 from tfshards.readers.options import ReadOptions
@@ -92,7 +94,12 @@ def read(
     resolution (``ReadOptions(crop_scale=(0.5, 2.0))`` scales randomly first; smaller
     pairs are padded, masks with the ignore label, or 255 when none is declared);
     ``pad_to=(h, w)`` or ``batch_size=1`` evaluates at native size; ``image_size``
-    resizes every record instead.
+    resizes every record instead. A crop's place and scale are drawn from a generator
+    keyed by (seed, epoch, batch, position in the batch), so crops resume too.
+
+    start: ``(epoch, batch)`` or a :class:`ReadState` to begin at, exactly where an
+    uninterrupted read would be (see :class:`tfshards.ResumeCallback`); every read
+    resumes, crops and pads included, except through the tf.data service (``service``).
 
     records: read only these records of the split: their keys, a boolean mask over the
     split's per-record table (``tfshards.records(path, split)``) or indices into it; each
@@ -147,23 +154,27 @@ def read(
     return dataset
 
 
-def pair_store(plan) -> PairStore | None:
-    """The ordered path's cache: decoded pairs in RAM, on disk, or none."""
+def pair_store(plan) -> PairStore | NativeStore | None:
+    """The ordered path's cache: whole decoded records (crops and pads are cut from them
+    after) in RAM, on disk, or none; records of many sizes each at its own size."""
     shards, shape = plan.shards, plan.shape
+    if plan.cache.kind == "none":
+        return None
     records, subset = shards.records, ""
     if (rows := store_rows(plan.selection)) is not None:  # only the records it can draw
         records, subset = int(rows.max()) + 1, plan.selection.digest
-    if plan.cache.kind == "memory":
-        return PairStore(records, shape)
-    if plan.cache.kind != "disk":
-        return None
-    root = plan.cache.root or default_cache_root(shards.root)
-    cache = DiskCache.for_split(
-        root, shards, shape, (0, 1), files="flat", subset=subset, records=records
-    )
-    stored = shards.manifest.splits[shards.split].bytes * records // max(1, shards.records)
-    cache.prepare(stored_bytes=stored)
-    return PairStore(records, shape, cache, unchanged=unchanged_check(plan))
+    cache, unchanged = None, None
+    if plan.cache.kind == "disk":
+        root = plan.cache.root or default_cache_root(shards.root)
+        cache = DiskCache.for_split(
+            root, shards, shape, (0, 1), files="flat", subset=subset, records=records
+        )
+        stored = shards.manifest.splits[shards.split].bytes * records // max(1, shards.records)
+        cache.prepare(stored_bytes=stored)
+        unchanged = unchanged_check(plan)
+    if shape[0] is None:
+        return NativeStore(records, shape[2], cache, unchanged)
+    return PairStore(records, shape, cache, unchanged=unchanged)
 
 
 def unchanged_check(plan):

@@ -90,9 +90,9 @@ class Downloads:
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """One read() call's decisions. ``ordered`` reads are batched by the ordered reader
-    (ordered.py); the others (crops and pads of pairs, the tf.data service) go through
-    the per-pair stages (stages.py), where decoded pairs are shuffled, sized and batched.
+    """One read() call's decisions. ``ordered`` reads (all but the tf.data service's) are
+    batched by the ordered reader (ordered.py), crops and pads included; the tf.data
+    service's go through the per-pair stages (stages.py).
     """
 
     shards: SplitShards
@@ -130,6 +130,13 @@ class ReadPlan:
         return self.decoder.shape
 
     @property
+    def batch_shape(self) -> Shape:
+        """The shape of each pair of a batch: cropped or padded, else as decoded."""
+        if self.sizing.active:
+            return (*self.sizing.size, self.shape[2])
+        return self.shape
+
+    @property
     def streaming(self) -> bool:
         """Records go from the shards to the batches with nothing kept between epochs."""
         return self.cache.kind == "none" and self.service is None
@@ -161,7 +168,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     shards = split_shards(path, a["split"], storage_options=options.storage_options)
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
-    unordered = _unordered_because(shards, shape, sizing, a["service"])
+    unordered = _unordered_because(a["service"])
     selection = _selection(path, shards, a, unordered, options)
     if not unordered and pipeline[1] > 1 and cache.kind != "none":
         raise OptionsError(_no_cache_across_pipelines(cache, pipeline[1], shards.records))
@@ -232,14 +239,10 @@ def _selection(
     return select(table, a.get("records"), a.get("sampling"), a.get("epoch_size"))
 
 
-def _unordered_because(
-    shards: SplitShards, shape: Shape, sizing: Sizing, service: str | None
-) -> str | None:
+def _unordered_because(service: str | None) -> str | None:
     """Why a read cannot take the ordered path (read by index, resumable); None if it can."""
     if service is not None:
         return "the tf.data service decides the order on its workers"
-    if shape[0] is None or sizing.active:
-        return "records of many sizes are cropped or padded one pair at a time"
     return None
 
 

@@ -111,6 +111,7 @@ class Selection:
     per_class: tuple[tuple[int, np.ndarray, float], ...] = ()  # (class, records, share)
     digest: str = ""  # what a saved state must match (resume.py)
     balanced: ClassBalanced | None = None
+    table: Any = None  # a class-balanced read's RecordTable: where its crops are centred
 
     @property
     def uniform(self) -> bool:

@@ -149,9 +149,11 @@ def _balanced(
     if balanced.rule == "class_uniform":
         total = sum(ratios.get(c, 1.0) for c in drawn)
         per_class = tuple((c, m, ratios.get(c, 1.0) / total) for c, m in sorted(drawn.items()))
-        return Selection(**common, weights=None, per_class=per_class, balanced=balanced)
+        return Selection(
+            **common, weights=None, per_class=per_class, balanced=balanced, table=table
+        )
     weights, classes = _repeat_factors(kept, drawn, balanced)
-    return Selection(**common, weights=weights, drawn_class=classes, balanced=balanced)
+    return Selection(**common, weights=weights, drawn_class=classes, balanced=balanced, table=table)
 
 
 def _repeat_factors(

@@ -4,8 +4,10 @@ Training: an optional random scale, then a random crop of ``crop_size``; images
 smaller than the crop are padded (images with 0, masks with the ignore label).
 Validation: padding to ``pad_to`` (nothing is cropped), or batches of one.
 
-Randomness comes from ``tf.data.Dataset.random`` (new numbers every epoch,
-reproducible with a seed) fed to stateless ops, so image and mask share each draw.
+The ordered reader places each crop before decoding (``crops.py``: a function of
+(seed, epoch, batch, position)) and cuts it here with :func:`placed`. The tf.data
+service path (``sized_pairs``) draws from ``tf.data.Dataset.random`` instead (new
+numbers every epoch, reproducible with a seed), as its workers decide the order.
 """
 
 from __future__ import annotations
@@ -69,6 +71,52 @@ def sized_pairs(
         lambda pair, draw: _random_crop(*pair, draw, sizing, fill_label),
         num_parallel_calls=AUTOTUNE,
     )
+
+
+def placed(image, mask, box, sizing: Sizing, fill_label: int):
+    """One pair -> ``sizing.size``, as its box says: (own height, own width, then
+    crops.py's box: height, width, top, left). The pair's own pixels are the top left of
+    ``image`` (a batch padded to its largest pair); scaled to (height, width) with
+    ``crop_scale``, padded to at least the crop, cut at (top, left); or padded to
+    ``pad_to``; without sizing, the pair at its own size."""
+    image, mask = image[: box[0], : box[1]], mask[: box[0], : box[1]]
+    if sizing.pad_to is not None:
+        return _padded(image, mask, *sizing.pad_to, fill_label)
+    if sizing.crop_size is None:
+        return image, mask
+    height, width = sizing.crop_size
+    if sizing.crop_scale is not None:
+        image, mask = _resized(image, mask, box[2:4])
+    image, mask = _padded(image, mask, height, width, fill_label, at_least=True)
+    image = tf.slice(image, [box[4], box[5], 0], [height, width, -1])
+    mask = tf.slice(mask, [box[4], box[5], 0], [height, width, -1])
+    return (
+        tf.ensure_shape(image, (height, width, image.shape[-1])),
+        tf.ensure_shape(mask, (height, width, 1)),
+    )
+
+
+def placed_batch(images, masks, boxes, sizing: Sizing, fill_label: int):
+    """A batch [B, H, W, .] (each pair at its top left) -> ``sizing.size``, each pair as
+    its box says; without sizing, a batch of one at its own size."""
+    if not sizing.active:
+        return images[:, : boxes[0, 0], : boxes[0, 1]], masks[:, : boxes[0, 0], : boxes[0, 1]]
+    height, width = sizing.size
+    signature = (
+        tf.TensorSpec((height, width, images.shape[-1]), images.dtype),
+        tf.TensorSpec((height, width, 1), masks.dtype),
+    )
+    return tf.map_fn(
+        lambda pair: placed(*pair, sizing, fill_label),
+        (images, masks, boxes),
+        fn_output_signature=signature,
+    )
+
+
+def _resized(image, mask, size):
+    image = tf.image.resize(image, size, method="bilinear", antialias=True)
+    image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+    return image, tf.image.resize(mask, size, method="nearest")
 
 
 def _random_crop(image, mask, draw, sizing: Sizing, fill_label: int):

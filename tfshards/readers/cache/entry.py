@@ -137,6 +137,10 @@ class DiskCache:
     def is_ready(self) -> bool:
         """True when the ready folder holds every file at its full size."""
         layout = self.layout
+        if self.info.files == "flat" and self.info.shape[0] is None:
+            from tfshards.readers.cache.native import native_ready
+
+            return native_ready(self.ready, self.info.records, self.info.shape[2])
         if self.info.files == "flat":
             from tfshards.readers.cache.store import flat_ready
 

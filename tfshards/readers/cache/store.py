@@ -184,45 +184,14 @@ class PairStore:
     def _damaged(self, wrong: list[int]) -> None:
         """Remove the entry and raise CacheDamagedError naming the pairs ``wrong`` (record
         indices, ascending) that do not hold the bytes they were written with."""
-        removed = self._discard()
-        others = f" and {len(wrong) - 1} more of its batch" if len(wrong) > 1 else ""
-        then = (
-            "the entry was removed, and the next read builds it again"
-            if removed
-            else "it could not be removed: run `tfshards cache clear` on the dataset"
-        )
-        raise CacheDamagedError(
-            f"disk cache {self.cache.folder}: pair {wrong[0]}{others} does "
-            f"not match its checksum in {CHECKSUM_FILE}: bytes of {FLAT_FILES[0]} or "
-            f"{FLAT_FILES[1]} changed on disk after the entry was built; {then}"
-        )
+        raise CacheDamagedError(damaged_message(self.cache, wrong, self._discard()))
 
     def _discard(self) -> bool:
-        """Remove the ready entry this store reads, so no read names it again (its files
-        stay readable here while open); False when it cannot be. An entry another process
-        built since then in its place is left alone."""
+        """Remove the ready entry this store reads (see ``discard_ready``), once."""
         with self._lock:
-            if self._discarded:
-                return True
-            wait_for_publishing(self.cache.folder)  # the entry this store built is ready
-            ready = self.cache.ready
-            try:
-                ours = os.path.samestat(
-                    os.stat(ready / FLAT_FILES[0]), os.fstat(self._published[0])
-                )
-            except OSError:  # gone already
-                ours = False
-            if ours:
-                doomed = self.cache.new_building_folder()  # a crash leaves it abandoned
-                try:
-                    os.rename(ready, doomed)
-                except OSError as exc:
-                    log.warning("cannot remove the damaged disk cache %s: %s", ready, exc)
-                    return False
-                shutil.rmtree(doomed, ignore_errors=True)
-                log.warning("removed the damaged disk cache %s", ready)
-            self._discarded = True
-            return True
+            if not self._discarded:
+                self._discarded = discard_ready(self.cache, self._published[0])
+            return self._discarded
 
     def write(self, indices: np.ndarray, images: np.ndarray, masks: np.ndarray) -> None:
         """Keep decoded pairs; publish (disk) or mark ready (RAM) once all are kept."""
@@ -304,6 +273,43 @@ class PairStore:
             self.close()
         except Exception:  # noqa: S110 - nothing to report to at shutdown
             pass
+
+
+def damaged_message(cache: DiskCache, wrong: list[int], removed: bool) -> str:
+    """What CacheDamagedError says of the pairs ``wrong`` (record indices, ascending)."""
+    others = f" and {len(wrong) - 1} more of its batch" if len(wrong) > 1 else ""
+    then = (
+        "the entry was removed, and the next read builds it again"
+        if removed
+        else "it could not be removed: run `tfshards cache clear` on the dataset"
+    )
+    return (
+        f"disk cache {cache.folder}: pair {wrong[0]}{others} does "
+        f"not match its checksum in {CHECKSUM_FILE}: bytes of {FLAT_FILES[0]} or "
+        f"{FLAT_FILES[1]} changed on disk after the entry was built; {then}"
+    )
+
+
+def discard_ready(cache: DiskCache, image_fd: int) -> bool:
+    """Remove the ready entry whose image file ``image_fd`` reads, so no read names it
+    again (its files stay readable while open); False when it cannot be. An entry
+    another process built since then in its place is left alone."""
+    wait_for_publishing(cache.folder)  # the entry this process built is ready
+    ready = cache.ready
+    try:
+        ours = os.path.samestat(os.stat(ready / FLAT_FILES[0]), os.fstat(image_fd))
+    except OSError:  # gone already
+        ours = False
+    if ours:
+        doomed = cache.new_building_folder()  # a crash leaves it abandoned
+        try:
+            os.rename(ready, doomed)
+        except OSError as exc:
+            log.warning("cannot remove the damaged disk cache %s: %s", ready, exc)
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        log.warning("removed the damaged disk cache %s", ready)
+    return True
 
 
 class Publisher:
