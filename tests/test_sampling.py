@@ -386,3 +386,54 @@ def test_records_outside_a_subset_are_never_read(rare, tmp_path):
     assert len(tfshards.Pairs(dataset, records=subset)[0]) == 2
     with pytest.raises(Exception, match="CRC|crc|checksum"):
         _pairs_read(dataset, seed=0)
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory) -> Path:
+    """40 pairs of 128x128: class 1 in stripes, class 3 an 8x8 square in 8 of them, at a
+    different place in each."""
+    root = tmp_path_factory.mktemp("large")
+    (root / "images").mkdir()
+    (root / "masks").mkdir()
+    rng = np.random.default_rng(5)
+    for index in range(40):
+        mask = np.zeros((128, 128), np.uint8)
+        mask[::16] = 1
+        if index % 5 == 0:
+            top, left = rng.integers(0, 120, 2)
+            mask[top : top + 8, left : left + 8] = RARE
+        image = np.full((128, 128, 3), index, np.uint8)
+        Image.fromarray(image).save(root / "images" / f"{index:03d}.png")
+        Image.fromarray(mask).save(root / "masks" / f"{index:03d}.png")
+    options = tfshards.ConvertOptions(num_shards=2, encoding="raw", num_classes=4)
+    tfshards.convert(root / "images", root / "masks", root / "out", options=options)
+    return root / "out"
+
+
+def _crops(dataset, fraction: float, **arguments) -> list[np.ndarray]:
+    balanced = ClassBalanced(exclude=[0, 1], crop_fraction=fraction)
+    read = tfshards.read(
+        dataset, batch_size=8, crop_size=(32, 32), sampling=balanced, image_dtype="uint8",
+        **arguments,
+    )  # fmt: skip
+    return [mask.numpy() for _, mask in read]
+
+
+def test_class_balanced_crops_find_the_class_they_were_drawn_for(large):
+    for seed in range(3):
+        masks = np.concatenate(_crops(large, 1.0, seed=seed))
+        assert len(masks) == 40
+        assert all((m == RARE).any() for m in masks), "a crop drawn for class 3 missed it"
+    uniform = np.concatenate(_crops(large, 0.0, seed=0))
+    assert np.mean([(m == RARE).any() for m in uniform]) < 0.5
+
+
+def test_class_balanced_crops_resume_exactly(large):
+    read = tfshards.read(
+        large, batch_size=8, crop_size=(32, 32), sampling=ClassBalanced(exclude=[0, 1]),
+        image_dtype="uint8", seed=3,
+    )  # fmt: skip
+    epochs = [[mask.numpy() for _, mask in read] for _ in range(2)]
+    resumed = _crops(large, 1.0, seed=3, start=(1, 2))
+    for mine, theirs in zip(resumed, epochs[1][2:], strict=False):
+        np.testing.assert_array_equal(mine, theirs)
