@@ -118,28 +118,9 @@ def read(
     >>> model.fit(train, validation_data=tfshards.read("shards/", split="val"))  # doctest: +SKIP
     """
     keep_freed_batches()  # see malloc_arenas.py
-    plan = plan_read(
-        path,
-        split=split,
-        batch_size=batch_size,
-        image_size=image_size,
-        crop_size=crop_size,
-        pad_to=pad_to,
-        cache=cache,
-        augment=augment,
-        seed=seed,
-        shuffle=shuffle,
-        image_dtype=image_dtype,
-        one_hot=one_hot,
-        drop_remainder=drop_remainder,
-        repeat=repeat,
-        input_context=input_context,
-        service=service,
-        options=options,
-        records=records,
-        sampling=sampling,
-        epoch_size=epoch_size,
-    )
+    # Every keyword but start= goes to the plan, as given (plan_read checks them all).
+    arguments = {name: value for name, value in locals().items() if name != "start"}
+    plan = plan_read(**arguments)
     check_batches(plan)
     if plan.ordered:
         check_start(start, plan)
