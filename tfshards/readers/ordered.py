@@ -318,8 +318,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
     many sizes decoded and placed by ``decode(records, boxes)``, others decoded whole,
     then cropped or padded by ``place(images, masks, boxes)`` when given."""
     per_iteration = reader.schedule.batches_per_epoch
-    begin, fetch = _body(reader, "cursor.begin"), _body(reader, "fetch")
-    prefetch, keep = _body(reader, "prefetch"), _body(reader, "keep")
+    begin, prefetch = _body(reader, "cursor.begin"), _body(reader, "prefetch")
 
     def iteration(_) -> tf.data.Dataset:  # one py_function per iteration, not per batch
         first = tf.ensure_shape(tf.py_function(begin, [], tf.int64), [])
@@ -330,6 +329,21 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
     steps = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(iteration)
     known = tf.data.INFINITE_CARDINALITY if repeat else per_iteration  # for Keras: flat_map
     steps = steps.apply(tf.data.experimental.assert_cardinality(known))  # hides it
+    if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
+
+        def ahead(step: tf.Tensor) -> tf.Tensor:
+            return tf.ensure_shape(tf.py_function(prefetch, [step], tf.int64), [])
+
+        steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
+
+    return steps.map(
+        _loader(reader, decode, place), num_parallel_calls=AUTOTUNE, deterministic=True
+    )
+
+
+def _loader(reader: OrderedReader, decode, place):
+    """The map function of ``ordered_batches``: step -> (step, image, mask)."""
+    fetch, keep = _body(reader, "fetch"), _body(reader, "keep")
     # Closures below hold plain values, not the reader (see _body).
     shape, tf_decodes = reader.shape, reader.pixels is None
     keeps_decoded = tf_decodes and reader.store is not None  # else the store is kept by fetch
@@ -338,12 +352,6 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
     delivered = reader.delivered_shape
     sized = reader.sizing is not None and reader.sizing.active
     ready = reader.store is not None and reader.store.ready  # a disk cache built before
-    if reader.downloads_ahead:  # shards downloaded (or inflated) a few batches ahead
-
-        def ahead(step: tf.Tensor) -> tf.Tensor:
-            return tf.ensure_shape(tf.py_function(prefetch, [step], tf.int64), [])
-
-        steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
 
     def load(step: tf.Tensor):
         indices, records, decoded, images, masks, boxes = tf.py_function(
@@ -393,7 +401,7 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
         )
         return step, image, mask
 
-    return steps.map(load, num_parallel_calls=AUTOTUNE, deterministic=True)
+    return load
 
 
 def ordered_dataset(plan, start, store: PairStore | None) -> tf.data.Dataset:

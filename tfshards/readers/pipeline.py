@@ -38,11 +38,9 @@ from tfshards.readers.source import shard_records
 from tfshards.schemas.manifest import Manifest
 from tfshards.sources.records import dataset_changed, file_identity
 
-STAGES = (
-    stages.shuffled_records,
+STAGES = (  # the tf.data service's per-pair path
     stages.decoded,
     stages.served,
-    stages.cached,
     stages.shuffled_pairs,
     stages.sized,
     stages.batched,

@@ -42,7 +42,6 @@ from tfshards.readers.sampling import Selection
 from tfshards.readers.selection import select
 from tfshards.readers.shards import SplitShards, split_shards
 from tfshards.readers.sizing import Sizing
-from tfshards.schemas.format import compression
 from tfshards.sources.records import SplitRecords
 from tfshards.sources.shard_cache import shard_cache_key
 
@@ -136,21 +135,14 @@ class ReadPlan:
             return (*self.sizing.size, self.shape[2])
         return self.shape
 
-    @property
-    def streaming(self) -> bool:
-        """Records go from the shards to the batches with nothing kept between epochs."""
-        return self.cache.kind == "none" and self.service is None
-
-    def shuffle_buffer(self, *, serialized: bool) -> int:
-        """Records that fit in SHUFFLE_BUFFER_BYTES: decoded pixels, or serialized records."""
+    def shuffle_buffer(self) -> int:
+        """Decoded pairs that fit in SHUFFLE_BUFFER_BYTES (the tf.data service's path)."""
         if self.options.shuffle_buffer is not None:
             return self.options.shuffle_buffer
         shards, (height, width, channels) = self.shards, self.shape
         stored = shards.manifest.splits[shards.split].bytes // max(shards.records, 1)
         # Native sizes are unknown before decoding: decoded pairs take about 3x a stored record.
         record_bytes = height * width * (channels + 1) if height else 3 * stored
-        if serialized and not compression(shards.manifest.compression.type).compressed:
-            record_bytes = max(1, stored)  # records as stored: deflate/PNG/JPEG below pixels
         return max(1, min(shards.records, 10_000, SHUFFLE_BUFFER_BYTES // record_bytes))
 
 

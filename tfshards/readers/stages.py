@@ -1,31 +1,23 @@
-"""The stages of ``tfshards.read``: each a ``(Dataset, ReadPlan) -> Dataset`` function.
+"""The stages of ``tfshards.read`` through the tf.data service: each a
+``(Dataset, ReadPlan) -> Dataset`` function.
 
-    shard records (source.py) -> shuffled records -> decoded -> served -> cached
-      -> shuffled pairs -> sized -> batched -> finished -> counted -> budgeted
+    shard records (source.py) -> decoded -> served -> shuffled pairs -> sized -> batched
+      -> finished -> counted -> budgeted
 
-These stages serve the reads the ordered reader (ordered.py) does not: crops and pads
-of pairs, and the tf.data service. A stage that does not apply to a plan returns its
-input; pairs become batches after the pairs stages.
+Every other read is the ordered reader's (ordered.py), which ends with ``budgeted``
+too. A stage that does not apply to a plan returns its input; pairs become batches
+after the pairs stages. The service cannot be combined with a cache (arguments.py).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tfshards.readers.cache import DiskCache, default_cache_root, disk_cached
 from tfshards.readers.decode import decoded_pairs, fill_label
 from tfshards.readers.plan import ReadPlan
 from tfshards.readers.sizing import sized_pairs
 
 AUTOTUNE = tf.data.AUTOTUNE
-
-
-def shuffled_records(records: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
-    """Streaming shuffles the small serialized records, not decoded pixels."""
-    if not (plan.streaming and plan.order.shuffle):
-        return records
-    buffer = plan.shuffle_buffer(serialized=True)
-    return records.shuffle(buffer, seed=plan.seed, reshuffle_each_iteration=True)
 
 
 def decoded(records: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
@@ -45,33 +37,11 @@ def served(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
     return pairs.apply(tf.data.experimental.service.distribute("distributed_epoch", plan.service))
 
 
-def cached(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
-    """Pairs through the cache asked for: memory, or a disk entry (built or read)."""
-    from tfshards.readers.pipeline import unchanged_check
-
-    if plan.cache.kind == "memory":
-        return pairs.cache()
-    if plan.cache.kind != "disk":
-        return pairs
-    shards = plan.shards
-    root = plan.cache.root or default_cache_root(shards.root)
-    cache = DiskCache.for_split(root, shards, plan.shape, plan.pipeline)
-    cache.prepare(stored_bytes=shards.manifest.splits[shards.split].bytes)
-    return disk_cached(
-        pairs,
-        cache,
-        shuffle=plan.order.shuffle,
-        seed=plan.seed,
-        deterministic=plan.order.deterministic,
-        unchanged=unchanged_check(plan),
-    )
-
-
 def shuffled_pairs(pairs: tf.data.Dataset, plan: ReadPlan) -> tf.data.Dataset:
-    """Decoded pairs mixed by the shuffle buffer, anew every epoch (cache or service)."""
-    if plan.streaming or not plan.order.shuffle:
+    """Decoded pairs mixed by the shuffle buffer, anew every epoch."""
+    if not plan.order.shuffle:
         return pairs
-    buffer = plan.shuffle_buffer(serialized=False)
+    buffer = plan.shuffle_buffer()
     return pairs.shuffle(buffer, seed=plan.seed, reshuffle_each_iteration=True)
 
 

@@ -2,9 +2,10 @@
 
 ``entries.py``: the entries as files (names, ``info.json``, where they live), listed
 and cleared without TensorFlow; ``entry.py``: an entry's building, size check and
-lockless publishing; ``layouts.py``: the fixed-size and variable-size part files;
-``stage.py``: the tf.data stage that builds an entry during the first pass and reads
-it afterwards. The names that need TensorFlow are imported on first use, so that
+lockless publishing; ``store.py``: the ordered reader's entries of records of one size
+(flat files read by index), ``native.py``: of records of many sizes (the same, with an
+index); ``layouts.py``: the part files of older entries and of ``tfshards bench``'s
+cache baseline. The names that need TensorFlow are imported on first use, so that
 ``tfshards cache list`` starts without it.
 """
 
@@ -26,7 +27,6 @@ __all__ = [
     "DiskCache",
     "clear_caches",
     "default_cache_root",
-    "disk_cached",
     "list_caches",
     "user_cache_dir",
 ]
@@ -37,8 +37,4 @@ def __getattr__(name: str):
         from tfshards.readers.cache import entry
 
         return getattr(entry, name)
-    if name == "disk_cached":
-        from tfshards.readers.cache.stage import disk_cached
-
-        return disk_cached
     raise AttributeError(f"module 'tfshards.readers.cache' has no attribute {name!r}")

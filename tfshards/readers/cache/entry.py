@@ -161,7 +161,7 @@ class DiskCache:
 
         Shuffled, they come in an order drawn from ``epoch_key`` (a new key each epoch),
         and with ``rotate`` each starts at a random record, which costs reading half a
-        part more on average (see layouts._rotated; ``memory.parts_at_once`` decides).
+        part more on average (see layouts._rotated).
         """
         columns = [
             tf.constant([str(self.part(self.ready, k, kind)) for k in range(CACHE_PARTS)])
