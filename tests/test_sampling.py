@@ -211,6 +211,7 @@ def test_a_subset_composes_with_class_balance():
         ({"sampling": np.zeros(100)}, "all zero"),
         ({"sampling": "heavy"}, "one weight per record"),
         ({"sampling": np.ones(100), "epoch_size": 0}, "epoch_size"),
+        ({"sampling": np.ones(100), "epoch_size": 10**12}, r"epoch_size must be an integer in"),
         ({"sampling": ClassBalanced(exclude=[0, 1, 2, 3])}, "leaves no class to draw for"),
         ({"sampling": ClassBalanced(ratios={9: 1.0})}, "names class 9, but the dataset has 4"),
     ],

@@ -22,6 +22,9 @@ from tfshards.readers.sampling import NO_CLASS, ClassBalanced, Selection
 from tfshards.schemas.record_table import RecordTable, RecordTableError
 
 log = logging.getLogger("tfshards")
+# epoch_size: an epoch's order is an int64 array; 2**31 records (16 GiB) is a typo, not an
+# epoch (and takes minutes to draw).
+EPOCH_BOUND = 2**31
 
 
 def subset_indices(
@@ -115,7 +118,9 @@ def select(table: RecordTable, records: Any, sampling: Any, epoch_size: int | No
         kept[:] = False
         kept[subset] = True
     available = len(table) if subset is None else len(subset)
-    size = available if epoch_size is None else checked_int("epoch_size", epoch_size, low=1)
+    size = available
+    if epoch_size is not None:  # an epoch's record indices are held in memory: 8 B each
+        size = checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)
     common = {"records": len(table), "subset": subset, "epoch_size": size}
     if isinstance(sampling, ClassBalanced):
         selection = _balanced(table, kept, sampling, common)
