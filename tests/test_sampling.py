@@ -204,7 +204,13 @@ def test_a_subset_composes_with_class_balance():
         ({"records": [1, 1, 2]}, r"more than once \(\[1\]\)"),
         ({"records": [0, 100]}, r"outside the split's 100 records .*\[100\]"),
         ({"records": np.ones(99, bool)}, r"one value per record of the split \(100\), got 99"),
-        ({"records": [0.5]}, "got values of type float64"),
+        ({"records": [0.5]}, "got values of type float"),
+        ({"records": ["000", 2]}, "one kind at a time; got values of type int, str"),
+        ({"records": np.array([0, 1, 1, 0] * 25, np.uint8)}, r"astype\(bool\)"),
+        ({"records": [10**30]}, "an index beyond any split"),
+        ({"sampling": np.full(100, 1e308), "epoch_size": 0}, "epoch_size"),
+        ({"sampling": ["1"] * 100}, "got values of type <U1"),
+        ({"sampling": [10**400] * 100}, "one weight per record"),
         ({"sampling": np.ones(99)}, r"one weight per record of the split \(100\)"),
         ({"sampling": np.r_[-1.0, np.ones(99)]}, r"negative at records \[0\]"),
         ({"sampling": np.r_[np.nan, np.ones(99)]}, r"not finite at records \[0\]"),
@@ -438,3 +444,51 @@ def test_class_balanced_crops_resume_exactly(large):
     resumed = _crops(large, 1.0, seed=3, start=(1, 2))
     for mine, theirs in zip(resumed, epochs[1][2:], strict=False):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def test_huge_and_tiny_weights_draw_as_their_ratios_say():
+    table = _table()
+    for scale in (1e308, 1e-320):
+        order = SampledOrder(EpochOrder((50, 50), True, 0, 1),
+                             select(table, None, np.full(100, scale), None))  # fmt: skip
+        assert sorted(order.records(0).tolist()) == list(range(100))  # each once
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"ratios": [1, 1, 1, 5]}, r"ratios is a mapping \{class: ratio\}"),
+        ({"exclude": 0}, r"exclude is a list of classes"),
+        ({"crop_fraction": True}, "crop_fraction must be in"),
+        ({"ratios": {3: True}}, r"ratios\[3\] must be a finite number"),
+    ],
+)
+def test_class_balance_arguments_of_the_wrong_shape_are_refused(arguments, message):
+    with pytest.raises(OptionsError, match=message):
+        ClassBalanced(**arguments)
+
+
+def test_equal_class_balances_are_one_selection():
+    assert ClassBalanced(exclude=[0, 0]) == ClassBalanced(exclude=[0])
+    assert hash(ClassBalanced(ratios={1: 2})) == hash(ClassBalanced(ratios={1: 2.0}))
+    table = _table()
+    same = {  # threshold is not used by class_uniform: it does not change the digest
+        select(table, None, ClassBalanced(threshold=0.5), None).digest,
+        select(table, None, ClassBalanced(), None).digest,
+    }
+    assert len(same) == 1
+
+
+def test_tables_folds_and_inspect_refuse_what_they_cannot_take(rare, capsys):
+    from tfshards.cli import main
+    from tfshards.errors import RecordTableError
+
+    table = tfshards.records(rare)
+    with pytest.raises(RecordTableError, match="class 9 is not one of this table's 4"):
+        table.presence(9)
+    with pytest.raises(OptionsError, match="folds\\(\\) takes a split's table"):
+        tfshards.folds(str(rare), 3)
+    with pytest.raises(OptionsError, match="records= takes keys"):
+        tfshards.read(rare, records=table)
+    assert main(["inspect", str(rare), "--exclude", "0"]) == 2
+    assert "go with --sampling" in capsys.readouterr().err

@@ -174,6 +174,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from tfshards.checks.inspect import dataset_summary, summary_text, write_preview
     from tfshards.storage import parse_options
 
+    if not args.sampling and (args.exclude or args.epoch_size is not None):
+        raise OptionsError("inspect: --exclude and --epoch-size go with --sampling RULE")
     options = parse_options(args.storage_option)
     summary = dataset_summary(args.dir, storage_options=options)
     print(json.dumps(summary, indent=2) if args.json else summary_text(summary))

@@ -21,6 +21,11 @@ def folds(table: RecordTable, k: int, *, seed: int = 0) -> list[tuple[np.ndarray
     >>> for train, val in tfshards.folds(table, 5):  # doctest: +SKIP
     ...     model.fit(tfshards.read("shards/", records=train), ...)
     """
+    if not isinstance(table, RecordTable):
+        raise OptionsError(
+            f"folds() takes a split's table, tfshards.records(path, split); got "
+            f"{type(table).__name__}"
+        )
     k = checked_int("k", k, low=2)
     checked_int("seed", seed, low=0)
     if k > len(table):

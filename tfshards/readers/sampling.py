@@ -20,7 +20,7 @@ within a few shards at a time and a record's copies are spread over its group.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -60,6 +60,11 @@ class ClassBalanced:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise OptionsError(f"ClassBalanced: rule must be one of {RULES}, got {self.rule!r}")
+        if self.ratios is not None and not isinstance(self.ratios, Mapping):
+            raise OptionsError(
+                "ClassBalanced: ratios is a mapping {class: ratio}, e.g. {3: 2.0}; got "
+                f"{type(self.ratios).__name__}"
+            )
         ratios = dict(self.ratios or {})
         for klass, ratio in ratios.items():
             _check_class("ratios", klass)
@@ -68,7 +73,11 @@ class ClassBalanced:
                     f"ClassBalanced: ratios[{klass}] must be a finite number >= 0, got {ratio!r}"
                 )
         object.__setattr__(self, "ratios", ratios)
-        exclude = tuple(int(_check_class("exclude", c)) for c in self.exclude)
+        if isinstance(self.exclude, str | bytes) or not isinstance(self.exclude, Iterable):
+            raise OptionsError(
+                f"ClassBalanced: exclude is a list of classes, e.g. [0]; got {self.exclude!r}"
+            )
+        exclude = tuple(sorted({_check_class("exclude", c) for c in self.exclude}))
         object.__setattr__(self, "exclude", exclude)
         if not _finite(self.threshold) or not 0 < self.threshold <= 1:
             raise OptionsError(
@@ -79,16 +88,23 @@ class ClassBalanced:
                 f"ClassBalanced: crop_fraction must be in [0, 1], got {self.crop_fraction!r}"
             )
 
+    def __hash__(self) -> int:  # ratios is a dict: hashed by what decides the draws
+        return hash(self.describe())
+
     def describe(self) -> str:
+        """What decides the draws and the crops (also a resume state's digest): the
+        threshold only under repeat_factor, which uses it."""
+        ratios = {c: float(r) for c, r in sorted(self.ratios.items())}
+        threshold = f", threshold={float(self.threshold)!r}" if self.rule == "repeat_factor" else ""
         return (
-            f"ClassBalanced(rule={self.rule!r}, ratios={dict(sorted(self.ratios.items()))}, "
-            f"exclude={list(self.exclude)}, threshold={self.threshold!r}, "
-            f"crop_fraction={self.crop_fraction!r})"
+            f"ClassBalanced(rule={self.rule!r}, ratios={ratios}, exclude={list(self.exclude)}"
+            f"{threshold}, crop_fraction={float(self.crop_fraction)!r})"
         )
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float | np.integer | np.floating) and math.isfinite(value)
+    number = isinstance(value, int | float | np.integer | np.floating)
+    return number and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_class(name: str, klass: Any) -> int:

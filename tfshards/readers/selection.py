@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -32,14 +32,7 @@ def subset_indices(
 ) -> np.ndarray:
     """``records=`` (keys, a boolean mask over the split's ``length`` records, or record
     indices) as sorted, distinct record indices; ``positions`` finds keys (the table's)."""
-    if isinstance(records, str | bytes):
-        raise OptionsError(
-            f"records= takes a list of keys, a boolean mask or indices, not one string "
-            f"({records!r}); pass [{records!r}] for one key"
-        )
-    values = np.asarray(list(records) if not hasattr(records, "__array__") else records)
-    if values.ndim != 1:
-        raise OptionsError(f"records= must be one-dimensional, got shape {values.shape}")
+    values = _values(records)
     if values.size and values.dtype.kind in "USO":
         try:
             indices = positions([str(v) for v in values])
@@ -68,11 +61,55 @@ def subset_indices(
     return _distinct(indices)
 
 
+def _values(records: Any) -> np.ndarray:
+    """``records=`` as a 1-D array of one kind: keys, booleans or integers."""
+    takes = "records= takes keys (str), a boolean mask or record indices"
+    if isinstance(records, str | bytes):
+        raise OptionsError(f"{takes}, not one string ({records!r}); pass [{records!r}]")
+    if not hasattr(records, "__array__") and not isinstance(records, Iterable):
+        raise OptionsError(f"{takes}; got {type(records).__name__}")
+    if not hasattr(records, "__array__"):  # a list of one kind (NumPy would make 2 a "2")
+        records = list(records)
+        kinds = {_kind(v) for v in records}
+        if len(kinds) > 1 or None in kinds:
+            shown = ", ".join(sorted({type(v).__name__ for v in records}))
+            raise OptionsError(f"{takes}, one kind at a time; got values of type {shown}")
+        records = np.array(records, dtype=object) if kinds == {"int"} else records
+    try:
+        values = np.asarray(records)
+    except (TypeError, ValueError) as exc:
+        raise OptionsError(f"{takes}; got {type(records).__name__} ({exc})") from exc
+    if values.ndim != 1:
+        raise OptionsError(f"records= must be one-dimensional, got shape {values.shape}")
+    if values.dtype.kind == "O":  # Python objects: all keys, all bools or all integers
+        kinds = {_kind(v) for v in values.tolist()}
+        if len(kinds) != 1 or None in kinds:
+            raise OptionsError(f"{takes}, one kind at a time; got {sorted(map(str, kinds))}")
+        kind = kinds.pop()
+        if kind == "int" and any(not -(2**62) < v < 2**62 for v in values.tolist()):
+            raise OptionsError(f"records= holds an index beyond any split: {values[:5].tolist()}")
+        values = values.astype({"key": str, "bool": bool, "int": np.int64}[kind])
+    return values
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, bool | np.bool_):
+        return "bool"
+    if isinstance(value, int | np.integer):
+        return "int"
+    return "key" if isinstance(value, str | np.str_) else None
+
+
 def _distinct(indices: np.ndarray) -> np.ndarray:
     if not indices.size:
         raise OptionsError("records= selects no record: an empty subset has nothing to read")
     ordered = np.sort(indices)
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if repeated.size and set(np.unique(ordered).tolist()) <= {0, 1}:
+        raise OptionsError(
+            "records= holds only 0s and 1s, repeated: a mask of 0/1 integers? Pass it as "
+            "booleans (mask.astype(bool)); integers are record indices"
+        )
     if repeated.size:
         raise OptionsError(
             f"records= names records more than once ({np.unique(repeated)[:5].tolist()}); a "
@@ -83,14 +120,16 @@ def _distinct(indices: np.ndarray) -> np.ndarray:
 
 
 def checked_weights(sampling: Any, table: RecordTable, kept: np.ndarray) -> np.ndarray:
-    """``sampling=`` weights: one finite weight >= 0 per record, some above 0 in ``kept``."""
+    """``sampling=`` weights: one finite weight >= 0 per record, some above 0 in ``kept``;
+    scaled so that the largest is 1 (a sum of huge weights would overflow)."""
+    takes = "sampling= takes one weight per record (numbers) or tfshards.ClassBalanced(...)"
     try:
-        weights = np.asarray(sampling, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise OptionsError(
-            "sampling= takes one weight per record (a sequence of numbers) or "
-            f"tfshards.ClassBalanced(...); got {type(sampling).__name__}"
-        ) from exc
+        given = np.asarray(sampling)
+        weights = given.astype(np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise OptionsError(f"{takes}; got {type(sampling).__name__}") from exc
+    if given.dtype.kind not in "biuf":
+        raise OptionsError(f"{takes}; got values of type {given.dtype}")
     if weights.shape != (len(table),):
         raise OptionsError(
             f"sampling= needs one weight per record of the split ({len(table)}), got "
@@ -101,7 +140,9 @@ def checked_weights(sampling: Any, table: RecordTable, kept: np.ndarray) -> np.n
             where = np.flatnonzero(bad)[:5].tolist()
             raise OptionsError(f"sampling= weights are {what} at records {where}")
     weights = np.where(kept, weights, 0.0)
-    if not weights.any():
+    if weights.any():
+        weights = weights / weights.max()
+    else:
         raise OptionsError(
             "sampling= weights are all zero over the records read: no record can be drawn"
         )

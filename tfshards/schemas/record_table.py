@@ -294,13 +294,24 @@ class RecordTable:
 
     def presence(self, klass: int) -> np.ndarray:
         """bool [records]: which records hold pixels of class ``klass``."""
+        self._check_class(klass)
         out = np.zeros(len(self), bool)
         out[self.entry_records()[self.class_ids == klass]] = True
         return out
 
     def records_with(self, klass: int) -> np.ndarray:
         """Indices of the records that hold class ``klass``, ascending."""
+        self._check_class(klass)
         return np.unique(self.entry_records()[self.class_ids == klass])
+
+    def _check_class(self, klass: int) -> None:
+        if isinstance(klass, bool) or not isinstance(klass, int | np.integer):
+            raise RecordTableError(f"a class is an integer index, got {klass!r}")
+        if not 0 <= klass < self.num_classes:
+            raise RecordTableError(
+                f"class {klass} is not one of this table's {self.num_classes} classes "
+                f"(0..{self.num_classes - 1})"
+            )
 
     def cells(self, record: int, klass: int) -> int:
         """GRID x GRID presence bits of class ``klass`` in record ``record`` (0: absent)."""
