@@ -356,3 +356,21 @@ def test_bench_leaves_out_the_disk_caches_lines_at_every_point(tmp_path, caplog)
         for _ in tfshards.read(out, batch_size=4, cache=True):  # outside bench: said again
             pass
     assert "building the disk cache" in caplog.text and "disk cache ready" in caplog.text
+
+
+def test_an_interrupt_inside_a_bars_constructor_leaves_nothing_to_fail_on():
+    """Ctrl-C while tqdm builds a bar leaves an instance registered without its position
+    (seen in CI: the interrupt's message became an AttributeError and exit 1)."""
+    from tqdm import tqdm
+
+    from tfshards.cli import _end_progress_bars
+
+    class HalfBuilt(tqdm):
+        def __init__(self) -> None:  # registered, then interrupted before ``pos`` is set
+            self._instances.add(self)
+
+    bar = HalfBuilt()
+    try:
+        _end_progress_bars()
+    finally:
+        tqdm._instances.discard(bar)

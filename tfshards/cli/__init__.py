@@ -120,7 +120,10 @@ def _end_progress_bars() -> None:
     from tqdm import tqdm
 
     for bar in list(getattr(tqdm, "_instances", ())):
-        bar.close()
+        # A Ctrl-C inside tqdm's constructor leaves an instance without its position:
+        # closing it would raise AttributeError over the interrupt's message (seen in CI).
+        if hasattr(bar, "pos"):
+            bar.close()
 
 
 class _CommandParser(argparse.ArgumentParser):
