@@ -367,6 +367,7 @@ def test_an_interrupt_inside_a_bars_constructor_leaves_nothing_to_fail_on():
 
     class HalfBuilt(tqdm):
         def __init__(self) -> None:  # registered, then interrupted before ``pos`` is set
+            self.disable = False
             self._instances.add(self)
 
     bar = HalfBuilt()
@@ -374,3 +375,4 @@ def test_an_interrupt_inside_a_bars_constructor_leaves_nothing_to_fail_on():
         _end_progress_bars()
     finally:
         tqdm._instances.discard(bar)
+        bar.disable = True  # its __del__ closes it: nothing to close
