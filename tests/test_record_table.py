@@ -220,8 +220,7 @@ def test_membrane_round_trip(tmp_path):
 
 
 def test_local_beam_and_bucket_tables_are_identical(tmp_path, s3_bucket):
-    pytest.importorskip("apache_beam")
-    from tfshards.converters.beam import beam_runner
+    from tfshards.converters.beam import beam_runner  # apache-beam: in the test extra
 
     images, masks = write_pairs(tmp_path / "data", 24, classes=4)
     settings = {**SETTINGS, "workers": 2}

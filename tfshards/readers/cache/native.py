@@ -31,6 +31,7 @@ from tfshards.readers.cache.store import (
     CHECKSUM_FILE,
     FLAT_FILES,
     CacheDamagedError,
+    EntryFiles,
     Flusher,
     Publisher,
     _crc32_at,
@@ -77,7 +78,7 @@ def _index_of(folder: Path, records: int) -> np.ndarray:
     return index.reshape(records, 4)
 
 
-class NativeStore:
+class NativeStore(EntryFiles):
     """``records`` decoded pairs of many sizes with ``channels`` image channels; RAM when
     ``cache`` is None, else its entry. ``read`` gives lists of arrays of their own size."""
 
@@ -196,26 +197,3 @@ class NativeStore:
         self._written = None
         self.ready = True
         self._publisher = Publisher(folder, files, flusher, self.cache)
-
-    def close(self) -> None:
-        """Close the files; a build left unfinished is removed."""
-        import shutil
-
-        with self._lock:
-            if self._publisher is not None:
-                self._publisher.wait()
-            if self._flusher is not None:
-                self._flusher.stop()
-            for fd in [*(self._published or ()), *(self._files or ())]:
-                os.close(fd)
-            self._published = self._files = None
-            self._closed = True
-            if self._folder is not None:
-                shutil.rmtree(self._folder, ignore_errors=True)
-                self._folder = None
-
-    def __del__(self) -> None:
-        try:  # noqa: SIM105
-            self.close()
-        except Exception:  # noqa: S110 - nothing to report to at shutdown
-            pass

@@ -119,7 +119,43 @@ def _crc32_at() -> Callable[[int, int, int], int] | None:
     return extend
 
 
-class PairStore:
+class EntryFiles:
+    """close() and __del__ of a store's files (PairStore, and native.py's NativeStore):
+    both hold the same descriptors, build folder, flusher and publisher."""
+
+    _lock: threading.Lock
+    _publisher: Publisher | None
+    _flusher: Flusher | None
+    _published: list[int] | None
+    _files: list[int] | None
+    _folder: Path | None
+    _closed: bool
+
+    def close(self) -> None:
+        """Close the store's files (it reads and writes nothing after this); a build left
+        unfinished is removed, as nobody can finish it."""
+        with self._lock:
+            if self._publisher is not None:  # a finished build is kept: on disk first
+                self._publisher.wait()
+            if self._flusher is not None:
+                self._flusher.stop()
+            for fd in [*(self._published or ()), *(self._files or ())]:
+                os.close(fd)
+            self._published = self._files = None
+            self._closed = True
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
+                self._folder = None
+
+    def __del__(self) -> None:
+        # Not contextlib.suppress: at interpreter shutdown module globals may be None.
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:  # noqa: S110 - nothing to report to at shutdown
+            pass
+
+
+class PairStore(EntryFiles):
     """``records`` decoded pairs of ``shape``; RAM when ``cache`` is None, else its entry."""
 
     def __init__(
@@ -250,29 +286,6 @@ class PairStore:
         self._written = None
         self.ready = True
         self._publisher = Publisher(folder, files, flusher, self.cache)
-
-    def close(self) -> None:
-        """Close the store's files (it reads and writes nothing after this); a build left
-        unfinished is removed, as nobody can finish it."""
-        with self._lock:
-            if self._publisher is not None:  # a finished build is kept: on disk first
-                self._publisher.wait()
-            if self._flusher is not None:
-                self._flusher.stop()
-            for fd in [*(self._published or ()), *(self._files or ())]:
-                os.close(fd)
-            self._published = self._files = None
-            self._closed = True
-            if self._folder is not None:
-                shutil.rmtree(self._folder, ignore_errors=True)
-                self._folder = None
-
-    def __del__(self) -> None:
-        # Not contextlib.suppress: at interpreter shutdown module globals may be None.
-        try:  # noqa: SIM105
-            self.close()
-        except Exception:  # noqa: S110 - nothing to report to at shutdown
-            pass
 
 
 def damaged_message(cache: DiskCache, wrong: list[int], removed: bool) -> str:
