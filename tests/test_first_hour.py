@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import multiprocessing
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +24,7 @@ from PIL import Image
 import tfshards
 from tfshards import Manifest, OutputError, PairError, convert
 from tfshards.cli import main
+from tfshards.converters.local import stop_workers
 from tfshards.converters.mask_values import MaskValuesError
 from tfshards.converters.shard_job import write_shard
 
@@ -376,3 +380,22 @@ def test_an_interrupt_inside_a_bars_constructor_leaves_nothing_to_fail_on():
     finally:
         tqdm._instances.discard(bar)
         bar.disable = True  # its __del__ closes it: nothing to close
+
+
+def _sleep_in_worker(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_stopping_the_workers_leaves_no_pool_thread_behind():
+    """An interrupted conversion stops its pool; a pool thread still running at exit
+    races the interpreter's own shutdown of it (CPython's `_python_exit` then writes to a
+    closed pipe and prints a traceback under the one-line message)."""
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(2, mp_context=context)
+    futures = [pool.submit(_sleep_in_worker, 30) for _ in range(4)]
+    while not any(f.running() for f in futures):
+        time.sleep(0.01)
+    stop_workers(pool)
+    assert [t.name for t in threading.enumerate() if "Executor" in type(t).__name__] == []
+    assert all(f.done() for f in futures)

@@ -87,7 +87,7 @@ def write_shards(
         pool.shutdown(wait=True)  # the workers exit, flushing their last updates
         progress.drain_to_end(updates)
     except BaseException:
-        _stop(pool)
+        stop_workers(pool)
         raise
 
 
@@ -123,14 +123,15 @@ def write_and_upload(
             yield pending.pop(upload)
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
+def stop_workers(pool: ProcessPoolExecutor) -> None:
     """End the workers now: queued shards are dropped and running ones killed (their
     temporary files are replaced by the next run)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # gone after shutdown
-    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()
-    pool.shutdown(wait=True)
+    # One call that waits: a first shutdown(wait=False) forgets the pool's manager thread
+    # unjoined, and a thread left at exit races CPython's own shutdown of it (a traceback).
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @contextlib.contextmanager
