@@ -24,6 +24,7 @@ from tfshards.arguments import (
 )
 from tfshards.checks.shard_io import local_shard
 from tfshards.converters.bucket_output import BucketOutput
+from tfshards.converters.image_stats import split_stats
 from tfshards.converters.local import write_and_upload, write_shards
 from tfshards.converters.mask_values import check_mask_values, sample_mask_values
 from tfshards.converters.options import ConvertOptions
@@ -35,7 +36,7 @@ from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
 )
-from tfshards.converters.validation import image_channels
+from tfshards.converters.validation import image_layout
 from tfshards.errors import OptionsError, OutputError, PairingError
 from tfshards.schemas.format import image_encoding, record_table_name
 from tfshards.schemas.manifest import (
@@ -209,8 +210,15 @@ def _plan(
         log.warning("%s (left out: --allow-unpaired)", problem)
     masks_where = storage.display(masks if masks is not None else images)
     check_mask_values(sample_mask_values(pairs, storage_options=store), options, where=masks_where)
-    channels = options.channels or image_channels(pairs[0].image, store)
-    options = options.resolved(channels)
+    if options.channels is None or options.image_dtype is None:
+        channels, dtype = image_layout(pairs[0], store)
+        options = options.resolved(options.channels or channels, options.image_dtype or dtype)
+    else:
+        options = options.resolved(options.channels, options.image_dtype)
+    channels = options.channels
+    reason = image_encoding(options.encoding).refuses(channels, options.image_dtype)
+    if reason is not None:
+        raise OptionsError(f"{storage.display(pairs[0].image)}: {reason}")
     progress.checking(len(pairs))
     stat_of = _input_stats((images, masks if masks is not None else images), store)
     fingerprint, file_bytes = _scan_files(pairs, options, stat_of, progress.bar.update)
@@ -442,11 +450,12 @@ def _manifest(
             shards=[
                 ShardInfo(r.file, r.records, r.bytes, r.sha256, r.crc32c) for r in shard_results
             ],
+            image_stats=split_stats([r.image_stats for r in shard_results]),
         )
     sizes = {size for r in results.values() for size in r.image_sizes}
     height, width = next(iter(sizes)) if len(sizes) == 1 else (None, None)
     return Manifest(
-        image=ImageInfo(options.encoding, options.channels, height, width),
+        image=ImageInfo(options.encoding, options.channels, height, width, options.image_dtype),
         mask=MaskInfo(
             options.mask_encoding,
             options.num_classes,
