@@ -30,7 +30,7 @@ from tfshards.converters.mask_values import check_mask_values, sample_mask_value
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.output import OutputFolder
 from tfshards.converters.pair_table import PairTable, release_freed_memory
-from tfshards.converters.pairing import PairingReport, checked_pairs, pair_files
+from tfshards.converters.pairing import Pair, PairingReport, checked_pairs, pair_files
 from tfshards.converters.planning import ShardSpec, plan_shards
 from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
@@ -210,15 +210,8 @@ def _plan(
         log.warning("%s (left out: --allow-unpaired)", problem)
     masks_where = storage.display(masks if masks is not None else images)
     check_mask_values(sample_mask_values(pairs, storage_options=store), options, where=masks_where)
-    if options.channels is None or options.image_dtype is None:
-        channels, dtype = image_layout(pairs[0], store)
-        options = options.resolved(options.channels or channels, options.image_dtype or dtype)
-    else:
-        options = options.resolved(options.channels, options.image_dtype)
+    options = _with_image_layout(options, pairs[0], store)
     channels = options.channels
-    reason = image_encoding(options.encoding).refuses(channels, options.image_dtype)
-    if reason is not None:
-        raise OptionsError(f"{storage.display(pairs[0].image)}: {reason}")
     progress.checking(len(pairs))
     stat_of = _input_stats((images, masks if masks is not None else images), store)
     fingerprint, file_bytes = _scan_files(pairs, options, stat_of, progress.bar.update)
@@ -353,6 +346,19 @@ def _scan_files(
                 )
             )
     return digest.hexdigest(), sizes
+
+
+def _with_image_layout(options: ConvertOptions, first: Pair, store: StorageOptions):
+    """Options resolved, with the channels and dtype 'auto' takes from the first image;
+    an encoding that cannot store those is refused, naming the image."""
+    channels, dtype = options.channels, options.image_dtype
+    if channels is None or dtype is None:
+        found = image_layout(first, store)
+        channels, dtype = channels or found[0], dtype or found[1]
+    reason = image_encoding(options.encoding).refuses(channels, dtype)
+    if reason is not None:
+        raise OptionsError(f"{storage.display(first.image)}: {reason}")
+    return options.resolved(channels, dtype)
 
 
 def _estimated_pair_bytes(

@@ -77,12 +77,9 @@ def read(
 ) -> tf.data.Dataset:
     """Stream ``(image, mask)`` batches of one split of a converted dataset.
 
-    image: float32 in [0, 1] (or uint8 with ``image_dtype="uint8"``), [B, H, W, C].
-    A dataset of uint16 images (16-bit and multi-band sources) gives float32 as
-    value / 65535, or uint16 with ``image_dtype="uint16"``; uint8 is refused there (it
-    would drop bits). ``normalize=True``: float32 ``(value - mean) / std`` per channel,
-    with the train split's statistics from the manifest (docs: "Multi-band and 16-bit
-    images").
+    image: float32 in [0, 1] (value / 255, or / 65535 for uint16 images), [B, H, W, C];
+    ``image_dtype="uint8"`` or ``"uint16"``: the samples (uint8 of uint16 is refused);
+    ``normalize=True``: float32 (value - mean) / std per channel, the train split's.
     mask: int32 class indices [B, H, W, 1] (float32 one-hot [B, H, W, K] with ``one_hot``).
 
     augment: a Keras 3 augmentation layer (or a ``keras.layers.Pipeline`` or

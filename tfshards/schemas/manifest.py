@@ -81,11 +81,6 @@ class ImageInfo:
             f"1..{MAX_CHANNELS}",
         )
         _check("image.dtype", self.dtype, self.dtype in IMAGE_DTYPES, list(IMAGE_DTYPES))
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per sample: 1 (uint8) or 2 (uint16)."""
-        return itemsize(self.dtype)
         sized = [v for v in (self.height, self.width) if v is not None]
         _check(
             "image.height/width",
@@ -93,6 +88,11 @@ class ImageInfo:
             len(sized) in (0, 2) and all(isinstance(v, int) and v > 0 for v in sized),
             "two positive integers, or both null",
         )
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per sample: 1 (uint8) or 2 (uint16)."""
+        return itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
