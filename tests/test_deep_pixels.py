@@ -378,3 +378,94 @@ def test_16bit_masks_beyond_the_classes_are_refused(tmp_path, suffix):
     _mask_case(tmp_path / "again", mask, suffix)
     with pytest.raises(PairError, match="mask value 7 is not below --num-classes 3"):
         _convert(tmp_path / "again", encoding="raw")
+
+
+# ---- verify, inspect, TFDS, buckets -------------------------------------------------------
+
+
+def test_verify_checks_records_against_the_manifests_dtype(tmp_path):
+    import json
+
+    _images(tmp_path, 3, 2, _npy)
+    _masks(tmp_path, 3)
+    _convert(tmp_path, encoding="raw")
+    out = tmp_path / "out"
+    assert tfshards.verify(out).ok
+    body = json.loads((out / "tfshards.json").read_text())
+    body["image"]["dtype"] = "uint8"  # the records hold twice the bytes uint8 would
+    (out / "tfshards.json").write_text(json.dumps(body))
+    report = tfshards.verify(out)
+    assert not report.ok
+    assert "raw pixels are 4096 bytes, expected 2048" in str(report.shards[0].problems)
+
+
+def test_inspect_previews_three_bands_stretched(tmp_path):
+    from tfshards.checks.inspect import preview_bands, preview_rgb, write_preview
+
+    _images(tmp_path, 3, 13, _npy)
+    _masks(tmp_path, 3)
+    _convert(tmp_path, encoding="deflate")
+    assert preview_bands(13) == (0, 1, 2) and preview_bands(1) == (0, 0, 0)
+    with pytest.raises(OptionsError, match=r"bands must be three channel indices in 0..12"):
+        preview_bands(13, (3, 2, 13))
+    assert write_preview(tmp_path / "out", tmp_path / "p.png", bands=(3, 2, 1)) == 3
+    assert Image.open(tmp_path / "p.png").mode == "RGB"
+    dim = np.full((4, 4, 2), 1000, np.uint16)
+    dim[0, 0] = 3000  # 16-bit sensors fill a small part of the range: stretched to 0..255
+    dim[1, 1] = 500
+    rgb = preview_rgb(dim, (0, 1, 1))
+    assert rgb.dtype == np.uint8 and rgb.shape == (4, 4, 3) and rgb.max() == 255
+    assert rgb.min() == 0
+
+
+def test_cli_inspect_names_the_sample_type_and_takes_bands(tmp_path):
+    import subprocess
+    import sys
+
+    _images(tmp_path, 2, 4, _npy)
+    _masks(tmp_path, 2)
+    _convert(tmp_path, encoding="raw")
+    command = [sys.executable, "-m", "tfshards.cli", "inspect", str(tmp_path / "out")]
+    command += ["--preview", str(tmp_path / "p.png"), "--bands", "2,1,0"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "4 channels of uint16" in done.stdout and (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize(("encoding", "bands"), [("raw", 5), ("deflate", 3), ("png", 1)])
+def test_tfds_loads_uint16_images(tmp_path, encoding, bands):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from tfshards.converters.tfds_metadata import export_tfds
+
+    writer = _png16 if encoding == "png" else _npy
+    _images(tmp_path, 4, bands, writer)
+    _masks(tmp_path, 4)
+    _convert(tmp_path, encoding=encoding, compression="none")
+    out = tmp_path / "out"
+    export_tfds(out)
+    builder = tfds.builder_from_directory(str(out))
+    pairs = builder.as_dataset(split="train", shuffle_files=False, as_supervised=True)
+    theirs = [image for image, _ in tfds.as_numpy(pairs)]
+    ours = _read_all(out, image_dtype="uint16")
+    assert all(image.dtype == np.uint16 for image in theirs)
+    assert np.array_equal(np.stack(theirs), ours)
+
+
+def test_a_bucket_dataset_of_uint16_images_reads_the_same(tmp_path, s3_bucket):
+    _images(tmp_path, 3, 4, _npy)
+    _masks(tmp_path, 3)
+    url = f"{s3_bucket}/out"
+    tfshards.convert(
+        tmp_path / "images", tmp_path / "masks", url, encoding="deflate", workers=1, progress=False
+    )
+    local = _convert(tmp_path, encoding="deflate")
+    remote = tfshards.Manifest.load(url)
+    assert remote.splits["train"].image_stats == local.splits["train"].image_stats
+    options = tfshards.ReadOptions(shard_cache=tmp_path / "shard-cache")
+    remote_pairs = tfshards.Pairs(url, "train", options=options)
+    local_pairs = tfshards.Pairs(tmp_path / "out", "train")
+    for index in range(len(local_pairs)):
+        assert np.array_equal(remote_pairs[index][0], local_pairs[index][0])
+    ours = _read_all(tmp_path / "out", image_dtype="uint16")
+    batches = tfshards.read(url, batch_size=8, shuffle=False, image_dtype="uint16", options=options)
+    assert np.array_equal(np.concatenate([image.numpy() for image, _ in batches]), ours)
