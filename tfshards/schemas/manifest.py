@@ -6,8 +6,9 @@ Layout (JSON object)::
     schema_version    version of the record schema (see record.py)
     record_schema     [{"name", "type"}] for every record feature
     image             {"encoding", "channels", "height", "width", "dtype"}; height/width
-                      are null when records differ in size; dtype "uint8" or "uint16"
-                      (absent before tfshards stored 16-bit images: uint8)
+                      are null when records differ in size; dtype "uint16", or
+                      absent: uint8 (as before tfshards stored 16-bit images, so
+                      older tfshards read 8-bit datasets and refuse 16-bit ones)
     mask              {"encoding", "num_classes" (null when not checked), "mask_map",
                       "ignore_label" (null, or the value that marks pixels to ignore)}
     compression       {"type": "none"|"gzip"|"zlib", "level"}
@@ -240,6 +241,8 @@ class Manifest:
             "record_schema": schema_description(),
             **{k: v for k, v in asdict(self).items() if k != "schema_version"},
         }
+        if body["image"]["dtype"] == "uint8":  # as before uint16: older tfshards read it
+            del body["image"]["dtype"]
         for split in body["splits"].values():  # a split without a table, as before tables
             for optional in ("record_table", "image_stats"):
                 if split[optional] is None:
