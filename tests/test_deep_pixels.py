@@ -469,3 +469,32 @@ def test_a_bucket_dataset_of_uint16_images_reads_the_same(tmp_path, s3_bucket):
     ours = _read_all(tmp_path / "out", image_dtype="uint16")
     batches = tfshards.read(url, batch_size=8, shuffle=False, image_dtype="uint16", options=options)
     assert np.array_equal(np.concatenate([image.numpy() for image, _ in batches]), ours)
+
+
+def test_beam_writes_the_local_bytes_and_statistics(tmp_path):
+    pytest.importorskip("apache_beam")
+    from tfshards.converters.beam import beam_runner
+
+    _images(tmp_path, 8, 5, _npy)
+    _masks(tmp_path, 8)
+    options = {"encoding": "deflate", "num_shards": 2, "val_fraction": 0.25}
+    local = _convert(tmp_path, "local", **options)
+    runner = beam_runner("--runner=DirectRunner --direct_num_workers=1")
+    beam = _convert(tmp_path, "beam", runner=runner, **options)
+    assert beam == local and beam.splits["train"].image_stats is not None
+    for shard in local.splits["train"].shards:
+        local_bytes = (tmp_path / "local" / shard.file).read_bytes()
+        assert (tmp_path / "beam" / shard.file).read_bytes() == local_bytes
+
+
+def test_resize_at_conversion_keeps_uint16_bands(tmp_path):
+    _images(tmp_path, 2, 5, _npy)
+    _masks(tmp_path, 2)
+    smooth = np.tile(np.linspace(0, 60_000, 32, dtype=np.uint16)[None, :, None], (32, 1, 5))
+    np.save(tmp_path / "images" / "000.npy", smooth)
+    manifest = _convert(tmp_path, encoding="raw", resize=(16, 16))
+    assert (manifest.image.height, manifest.image.channels) == (16, 5)
+    found = _pairs_by_key(tmp_path / "out")["000"][0]
+    assert found.dtype == np.uint16 and found.shape == (16, 16, 5)
+    assert np.all(np.diff(found[0, :, 0].astype(int)) > 0)  # a ramp, resized, stays a ramp
+    assert int(found.min()) >= 0 and int(found.max()) <= 60_000 + 1
