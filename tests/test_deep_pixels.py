@@ -498,3 +498,47 @@ def test_resize_at_conversion_keeps_uint16_bands(tmp_path):
     assert found.dtype == np.uint16 and found.shape == (16, 16, 5)
     assert np.all(np.diff(found[0, :, 0].astype(int)) > 0)  # a ramp, resized, stays a ramp
     assert int(found.min()) >= 0 and int(found.max()) <= 60_000 + 1
+
+
+def test_big_endian_npy_is_stored_as_its_values(tmp_path):
+    (tmp_path / "images").mkdir()
+    image = np.arange(32 * 32 * 2, dtype=">u2").reshape(*SIZE, 2)
+    np.save(tmp_path / "images" / "000.npy", image)
+    _masks(tmp_path, 1)
+    _convert(tmp_path, encoding="deflate")
+    ((found, _),) = _pairs_by_key(tmp_path / "out").values()
+    assert found.dtype == np.uint16 and np.array_equal(found, image.astype(np.uint16))
+
+
+def test_too_many_bands_and_empty_arrays_name_the_file(tmp_path):
+    _images(tmp_path, 1, 65, _npy)
+    _masks(tmp_path, 1)
+    with pytest.raises(OptionsError, match=r"000\.npy: channels must be 1..64 .*got 65"):
+        _convert(tmp_path)
+    np.save(tmp_path / "images" / "000.npy", np.zeros((*SIZE, 0), np.uint16))
+    with pytest.raises(PairError, match=r"000\.npy: .*at least one pixel and one band"):
+        _convert(tmp_path)
+
+
+def test_without_tifffile_tiffs_pillow_would_truncate_are_refused(tmp_path, monkeypatch):
+    from tfshards.converters import deep_files
+
+    monkeypatch.setattr(deep_files, "_tifffile", lambda: None)  # as if the extra were absent
+    _images(tmp_path, 1, 3, _tiff_writer(photometric="rgb"))
+    _masks(tmp_path, 1)
+    with pytest.raises(PairError, match=r"000\.tif: .*pip install 'tfshards\[tiff\]'"):
+        _convert(tmp_path, channels=3, image_dtype="uint8")
+    gray = _images(tmp_path / "gray", 2, 1, _tiff_writer())  # Pillow reads 16-bit gray
+    masks = _masks(tmp_path / "gray", 2)
+    _convert(tmp_path / "gray", encoding="raw")
+    _assert_round_trip(tmp_path / "gray" / "out", gray, masks)
+
+
+def test_without_tifffile_a_tiff_pillow_cannot_open_names_the_extra(tmp_path, monkeypatch):
+    from tfshards.converters import deep_files
+
+    monkeypatch.setattr(deep_files, "_tifffile", lambda: None)
+    _images(tmp_path, 1, 13, _tiff_writer(**CONTIG))
+    _masks(tmp_path, 1)
+    with pytest.raises(PairError, match=r"000\.tif: .*pip install 'tfshards\[tiff\]'"):
+        _convert(tmp_path, channels=13, image_dtype="uint16")

@@ -358,7 +358,10 @@ def _with_image_layout(options: ConvertOptions, first: Pair, store: StorageOptio
     reason = image_encoding(options.encoding).refuses(channels, dtype)
     if reason is not None:
         raise OptionsError(f"{storage.display(first.image)}: {reason}")
-    return options.resolved(channels, dtype)
+    try:
+        return options.resolved(channels, dtype)
+    except OptionsError as exc:  # e.g. 65 bands: named with the image they came from
+        raise OptionsError(f"{storage.display(first.image)}: {exc}") from None
 
 
 def _estimated_pair_bytes(

@@ -50,8 +50,11 @@ def array_of(data: bytes, path: Location) -> np.ndarray | None:
     the file."""
     if is_npy(path):
         array = np.load(io.BytesIO(data), allow_pickle=False)
-        if array.ndim not in (2, 3):
-            raise DeepFileError(f"a {array.ndim}-D array {array.shape}; images are 2-D or 3-D")
+        if array.ndim not in (2, 3) or 0 in array.shape:
+            raise DeepFileError(
+                f"a {array.ndim}-D array of shape {array.shape}; images are 2-D or 3-D "
+                "arrays of at least one pixel and one band"
+            )
         return array
     if not is_tiff(data):
         return None

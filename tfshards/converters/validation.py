@@ -174,10 +174,13 @@ def _open(pair: Pair, path: Location, field: str, storage_options: StorageOption
     """Read, decode fully and EXIF-orient one file."""
 
     def fail(reason: str, exc: BaseException | None = None) -> PairError:
+        if data and deep_files.is_tiff(data) and deep_files.missing_tifffile_reason():
+            reason += f" ({deep_files.missing_tifffile_reason()})"
         error = PairError(pair.key, str(path), field, reason)
         error.__cause__ = exc
         return error
 
+    data = b""
     try:
         data = storage.read_bytes(path, storage_options)
     except OSError as exc:
