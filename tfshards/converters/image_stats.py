@@ -16,6 +16,12 @@ import numpy as np
 
 from tfshards.schemas.manifest import ImageStats
 
+# Every value of a uint8 / uint16 sample (by itemsize), and its square, for the histograms.
+_VALUES = {
+    size: (np.arange(2 ** (8 * size), dtype=np.int64), np.arange(2 ** (8 * size)) ** 2)
+    for size in (1, 2)
+}
+
 
 class ChannelSums:
     """Exact per-channel counts of the images a shard job stores."""
@@ -33,7 +39,7 @@ class ChannelSums:
         if not self.sums:
             self.sums, self.squares = [0] * channels, [0] * channels
             self.low, self.high = [None] * channels, [None] * channels
-        values = np.arange(np.iinfo(image.dtype).max + 1, dtype=np.int64)
+        values, squares = _VALUES[image.dtype.itemsize]
         for band in range(channels):
             counts = np.bincount(image[:, :, band].ravel(), minlength=values.size)
             present = np.flatnonzero(counts)
@@ -41,7 +47,7 @@ class ChannelSums:
                 continue
             # int64 holds these: a record (under 2 GiB) has under 2^31 samples of a band.
             self.sums[band] += int(counts @ values)
-            self.squares[band] += int(counts @ (values * values))
+            self.squares[band] += int(counts @ squares)
             low, high = int(present[0]), int(present[-1])
             self.low[band] = low if self.low[band] is None else min(self.low[band], low)
             self.high[band] = high if self.high[band] is None else max(self.high[band], high)
