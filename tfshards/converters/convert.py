@@ -38,7 +38,7 @@ from tfshards.converters.shard_job import (
 )
 from tfshards.converters.validation import image_layout
 from tfshards.errors import OptionsError, OutputError, PairingError
-from tfshards.schemas.format import image_encoding, record_table_name
+from tfshards.schemas.format import image_encoding, itemsize, record_table_name
 from tfshards.schemas.manifest import (
     CompressionInfo,
     ImageInfo,
@@ -386,7 +386,7 @@ def _estimated_pair_bytes(
             except Exception:  # noqa: BLE001 - an unreadable file is reported when encoded
                 continue
         pixels = sum(sizes) // max(len(sizes), 1)
-    return np.full(len(pairs), pixels * (channels + 1), np.int64)
+    return np.full(len(pairs), pixels * (channels * itemsize(options.image_dtype) + 1), np.int64)
 
 
 def _with_record_tables(
