@@ -14,7 +14,9 @@ The rules, documented once here (and in docs/large-images.md):
   it is, never the array's sizes. A series with two such axes (pages of RGB images)
   is refused. Any other TIFF (8-bit, one page, 1 to 4 samples) is read by Pillow, as
   every other format.
-- Images are uint8 or uint16; other sample types (int16, float, ...) are refused.
+- Images are uint8 or uint16; other sample types (int16, float, ...) are refused
+  (``validation.py``). A file that breaks these rules raises ValueError, which
+  validation turns into a PairError naming the file.
 """
 
 from __future__ import annotations
@@ -27,13 +29,7 @@ from tfshards import storage
 from tfshards.storage import Location
 
 TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic TIFF and BigTIFF
-IMAGE_DTYPES = ("uint8", "uint16")
-MAX_CHANNELS = 64  # a record's channel count; hyperspectral cubes of more bands are refused
 _SPATIAL = frozenset("YX")
-
-
-class DeepFileError(ValueError):
-    """A file tfshards cannot take as an image or mask array; the message says why."""
 
 
 def is_npy(path: Location) -> bool:
@@ -51,7 +47,7 @@ def array_of(data: bytes, path: Location) -> np.ndarray | None:
     if is_npy(path):
         array = np.load(io.BytesIO(data), allow_pickle=False)
         if array.ndim not in (2, 3) or 0 in array.shape:
-            raise DeepFileError(
+            raise ValueError(
                 f"a {array.ndim}-D array of shape {array.shape}; images are 2-D or 3-D "
                 "arrays of at least one pixel and one band"
             )
@@ -92,7 +88,7 @@ def _band_axis(shape: tuple[int, ...], axes: str) -> int | None:
     """The index of the one non-spatial axis longer than 1, None when there is none."""
     others = [i for i, axis in enumerate(axes) if axis not in _SPATIAL and shape[i] > 1]
     if len(others) > 1:
-        raise DeepFileError(
+        raise ValueError(
             f"TIFF series of axes {axes!r} and shape {tuple(shape)} has {len(others)} axes "
             "besides Y and X; tfshards takes one band axis (write one band axis, or one "
             "file per image)"
