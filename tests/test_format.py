@@ -116,7 +116,9 @@ def _manifest_body() -> dict:
     ("section", "field", "value", "message"),
     [
         ("image", "encoding", "webp", "image.encoding is 'webp'"),
-        ("image", "channels", 2, "image.channels is 2"),
+        ("image", "channels", 65, "image.channels is 65"),
+        ("image", "channels", 0, "image.channels is 0"),
+        ("image", "dtype", "float32", "image.dtype is 'float32'"),
         ("image", "height", None, r"image.height/width is \(None, 4\)"),
         ("mask", "num_classes", 0, "mask.num_classes is 0"),
         ("compression", "type", "lz4", "compression.type is 'lz4'"),

@@ -131,10 +131,13 @@ def test_colour_masks_refused_unless_gray(pair):
         prepare(pair)
 
 
-def test_16bit_images_refused(pair):
-    Image.fromarray(np.zeros((8, 10), np.uint16)).save(pair.image)
-    with pytest.raises(PairError, match="16-bit or float"):
+def test_16bit_images_refused_in_8bit_datasets_kept_in_16bit_ones(pair):
+    values = (np.arange(80).reshape(8, 10) * 800).astype(np.uint16)
+    Image.fromarray(values).save(pair.image)
+    with pytest.raises(PairError, match="1 channel.* of uint16 .* never cut to 8 bits"):
         prepare(pair)
+    kept = prepare_pair(pair, ConvertOptions(image_dtype="uint16"), 1).image
+    assert kept.dtype == np.uint16 and np.array_equal(kept[:, :, 0], values)
 
 
 @pytest.mark.parametrize("mode", ["L", "LA", "RGBA", "CMYK", "P"])

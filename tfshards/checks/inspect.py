@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw
 from tfshards import storage
 from tfshards.checks.info import class_weights, info
 from tfshards.checks.shard_io import local_shard, shard_examples
-from tfshards.errors import ManifestError
+from tfshards.errors import ManifestError, OptionsError
 from tfshards.schemas.manifest import Manifest
 from tfshards.schemas.record import decode_record
 from tfshards.storage import Location, StorageOptions
@@ -111,9 +111,10 @@ def summary_text(summary: dict[str, Any]) -> str:
     image = summary["image"]
     shape = f"{image['height']}x{image['width']}" if image["height"] else "mixed sizes"
     inferred = " (inferred: largest class found + 1)" if summary["num_classes_inferred"] else ""
+    depth = "" if image.get("dtype", "uint8") == "uint8" else f" of {image['dtype']}"
     lines = [
         f"dataset {summary['path']}: {summary['records']} pairs",
-        f"  images: {shape}, {counted(image['channels'], 'channel')}, encoding "
+        f"  images: {shape}, {counted(image['channels'], 'channel')}{depth}, encoding "
         f"{image['encoding']}; masks: encoding {summary['mask']['encoding']}, "
         f"num_classes {summary['num_classes']}{inferred}",
         f"  compression {summary['compression']['type']} (level "
@@ -152,10 +153,16 @@ def write_preview(
     seed: int = 0,
     split: str | None = None,
     tile: int = 160,
+    bands: tuple[int, int, int] | None = None,
     storage_options: StorageOptions = None,
 ) -> int:
-    """Draw ``count`` random pairs as rows: image, coloured mask, overlay, key. Returns rows."""
+    """Draw ``count`` random pairs as rows: image, coloured mask, overlay, key. Returns rows.
+
+    ``bands``: the three image channels (0-based) shown as red, green and blue; default
+    :func:`preview_bands`. uint16 images are stretched per band between their 2nd and
+    98th percentiles (:func:`preview_rgb`)."""
     manifest = Manifest.load(path, storage_options)
+    bands = preview_bands(manifest.image.channels, bands)
     split = split or next(iter(manifest.splits))
     shards = manifest.splits[split].shards
     rng = random.Random(seed)
@@ -171,7 +178,7 @@ def write_preview(
                 raise ManifestError(f"{storage.display(storage.join(path, shard.file))}: missing")
             for features in shard_examples(local, manifest.compression.type):
                 if index in wanted:
-                    rows.append(_preview_row(features, tile))
+                    rows.append(_preview_row(features, manifest.image.dtype, bands))
                 index += 1
     sheet = _sheet(rows, tile)
     sheet.save(target)
@@ -214,8 +221,37 @@ def _sheet(rows: list[tuple[str, np.ndarray, np.ndarray]], tile: int) -> Image.I
     return sheet
 
 
-def _preview_row(features: dict, tile: int) -> tuple[str, np.ndarray, np.ndarray]:
-    record = decode_record(features)
-    image = record.image
-    rgb = np.repeat(image, 3, axis=2) if image.shape[2] == 1 else image[:, :, :3]
-    return record.key, rgb, record.mask
+def _preview_row(
+    features: dict, dtype: str, bands: tuple[int, int, int]
+) -> tuple[str, np.ndarray, np.ndarray]:
+    record = decode_record(features, dtype)
+    return record.key, preview_rgb(record.image, bands), record.mask
+
+
+def preview_bands(channels: int, bands: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+    """The channels a preview shows as (red, green, blue): ``bands`` when given (checked
+    against ``channels``); else gray for 1 or 2 channels (the first), and the first
+    three for 3 or more (RGB, RGBA without alpha; for other band orders, such as
+    Sentinel-2's B1, B2, B3, B4..., pass the bands to show: 3, 2, 1 for true colour)."""
+    if bands is None:
+        return (0, 0, 0) if channels < 3 else (0, 1, 2)
+    bands = tuple(bands)
+    if len(bands) != 3 or not all(isinstance(b, int) and 0 <= b < channels for b in bands):
+        raise OptionsError(
+            f"bands must be three channel indices in 0..{channels - 1} (this dataset's "
+            f"images have {channels} channels), got {bands}"
+        )
+    return bands
+
+
+def preview_rgb(image: np.ndarray, bands: tuple[int, int, int]) -> np.ndarray:
+    """uint8 [H, W, 3] of ``bands`` of ``image``: uint8 as stored; uint16 stretched per
+    band, its 2nd percentile to 0 and its 98th to 255 (16-bit sensors fill a small part
+    of 0..65535: unstretched, their images are black)."""
+    picked = image[:, :, list(bands)]
+    if picked.dtype == np.uint8:
+        return np.ascontiguousarray(picked)
+    values = picked.astype(np.float32)
+    low, high = np.percentile(values, [2, 98], axis=(0, 1))
+    scaled = (values - low) / np.maximum(high - low, 1) * 255
+    return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)

@@ -211,7 +211,7 @@ def _check_records(
     found = 0
     try:
         for found, features in enumerate(shard_examples(path, compression), start=1):
-            problem, decoded = _record_problem(features, num_classes, ignore)
+            problem, decoded = _record_problem(features, manifest, num_classes, ignore)
             if decoded is not None and rows is not None:
                 rows.check(found - 1, os.fsdecode(features["key"]), decoded.mask)
             key = features.get("key")
@@ -230,13 +230,17 @@ def _check_records(
 
 
 def _record_problem(
-    features: dict, num_classes: int | None, ignore: int | None
+    features: dict, manifest: Manifest, num_classes: int | None, ignore: int | None
 ) -> tuple[str | None, DecodedRecord | None]:
-    """What is wrong with a parsed record (None if nothing), and the record decoded."""
+    """What is wrong with a parsed record (None if nothing), and the record decoded: its
+    pixels of the manifest's dtype and channels, its mask values below num_classes."""
     try:
-        decoded = decode_record(features)
+        decoded = decode_record(features, manifest.image.dtype)
     except ValueError as exc:
         return str(exc), None
+    channels = decoded.image.shape[2]
+    if channels != manifest.image.channels:
+        return f"{channels} image channels, manifest says {manifest.image.channels}", decoded
     mask = decoded.mask
     labelled = mask if ignore is None else mask[mask != ignore]
     if num_classes is not None and labelled.size and int(np.max(labelled)) >= num_classes:

@@ -148,6 +148,13 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", help="split to preview (default: the first)")
     p.add_argument("--seed", type=int, default=0, help="which pairs to preview (default 0)")
     p.add_argument(
+        "--bands",
+        type=_bands_arg,
+        metavar="R,G,B",
+        help="image channels (0-based) the preview shows as red, green, blue (default: the "
+        "first three, or the first as gray); uint16 images are stretched per band",
+    )
+    p.add_argument(
         "--sampling",
         choices=("class_uniform", "repeat_factor"),
         help="also print each class's share of pixels and records in one epoch of "
@@ -168,6 +175,14 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_inspect)
 
 
+def _bands_arg(text: str) -> tuple[int, ...]:
+    """``--bands 3,2,1``: channel indices (checked against the dataset by the preview)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected R,G,B channel indices, got {text!r}") from None
+
+
 def _run_inspect(args: argparse.Namespace) -> int:
     import json
 
@@ -186,6 +201,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
             count=args.count,
             seed=args.seed,
             split=args.split,
+            bands=args.bands,
             storage_options=options,
         )
         log.info("wrote a preview of %d pairs to %s", rows, args.preview)

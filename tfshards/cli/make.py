@@ -19,7 +19,13 @@ from tfshards.converters.options import (
 )
 from tfshards.errors import OptionsError
 from tfshards.schemas import deflate
-from tfshards.schemas.format import AUTO, ENCODINGS, MASK_ENCODINGS
+from tfshards.schemas.format import (
+    AUTO,
+    ENCODINGS,
+    IMAGE_DTYPES,
+    MASK_ENCODINGS,
+    MAX_CHANNELS,
+)
 from tfshards.storage import join, parse_options
 from tfshards.wording import counted
 
@@ -109,8 +115,16 @@ def _add_validation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--channels",
         type=int,
-        choices=(1, 3, 4),
-        help="image channels to store (default: 1 if the first image is grayscale, else 3)",
+        choices=range(1, MAX_CHANNELS + 1),
+        metavar=f"1..{MAX_CHANNELS}",
+        help="image channels to store (default: the first image's: 1 if grayscale, 3 if "
+        "colour, the bands of a .npy or multi-band TIFF)",
+    )
+    g.add_argument(
+        "--image-dtype",
+        choices=IMAGE_DTYPES,
+        help="image sample type to store (default: the first image's; 16-bit images are "
+        "never cut to 8 bits)",
     )
     g.add_argument(
         "--resize",

@@ -24,20 +24,21 @@ from tfshards.arguments import (
 )
 from tfshards.checks.shard_io import local_shard
 from tfshards.converters.bucket_output import BucketOutput
+from tfshards.converters.image_stats import split_stats
 from tfshards.converters.local import write_and_upload, write_shards
 from tfshards.converters.mask_values import check_mask_values, sample_mask_values
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.output import OutputFolder
 from tfshards.converters.pair_table import PairTable, release_freed_memory
-from tfshards.converters.pairing import PairingReport, checked_pairs, pair_files
+from tfshards.converters.pairing import Pair, PairingReport, checked_pairs, pair_files
 from tfshards.converters.planning import ShardSpec, plan_shards
 from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
 )
-from tfshards.converters.validation import image_channels
+from tfshards.converters.validation import image_layout
 from tfshards.errors import OptionsError, OutputError, PairingError
-from tfshards.schemas.format import image_encoding, record_table_name
+from tfshards.schemas.format import image_encoding, itemsize, record_table_name
 from tfshards.schemas.manifest import (
     CompressionInfo,
     ImageInfo,
@@ -209,8 +210,8 @@ def _plan(
         log.warning("%s (left out: --allow-unpaired)", problem)
     masks_where = storage.display(masks if masks is not None else images)
     check_mask_values(sample_mask_values(pairs, storage_options=store), options, where=masks_where)
-    channels = options.channels or image_channels(pairs[0].image, store)
-    options = options.resolved(channels)
+    options = _with_image_layout(options, pairs[0], store)
+    channels = options.channels
     progress.checking(len(pairs))
     stat_of = _input_stats((images, masks if masks is not None else images), store)
     fingerprint, file_bytes = _scan_files(pairs, options, stat_of, progress.bar.update)
@@ -347,6 +348,22 @@ def _scan_files(
     return digest.hexdigest(), sizes
 
 
+def _with_image_layout(options: ConvertOptions, first: Pair, store: StorageOptions):
+    """Options resolved, with the channels and dtype 'auto' takes from the first image;
+    an encoding that cannot store those is refused, naming the image."""
+    channels, dtype = options.channels, options.image_dtype
+    if channels is None or dtype is None:
+        found = image_layout(first, store)
+        channels, dtype = channels or found[0], dtype or found[1]
+    reason = image_encoding(options.encoding).refuses(channels, dtype)
+    if reason is not None:
+        raise OptionsError(f"{storage.display(first.image)}: {reason}")
+    try:
+        return options.resolved(channels, dtype)
+    except OptionsError as exc:  # e.g. 65 bands: named with the image they came from
+        raise OptionsError(f"{storage.display(first.image)}: {exc}") from None
+
+
 def _estimated_pair_bytes(
     pairs: PairTable,
     file_bytes: np.ndarray,
@@ -369,7 +386,7 @@ def _estimated_pair_bytes(
             except Exception:  # noqa: BLE001 - an unreadable file is reported when encoded
                 continue
         pixels = sum(sizes) // max(len(sizes), 1)
-    return np.full(len(pairs), pixels * (channels + 1), np.int64)
+    return np.full(len(pairs), pixels * (channels * itemsize(options.image_dtype) + 1), np.int64)
 
 
 def _with_record_tables(
@@ -442,11 +459,12 @@ def _manifest(
             shards=[
                 ShardInfo(r.file, r.records, r.bytes, r.sha256, r.crc32c) for r in shard_results
             ],
+            image_stats=split_stats([r.image_stats for r in shard_results]),
         )
     sizes = {size for r in results.values() for size in r.image_sizes}
     height, width = next(iter(sizes)) if len(sizes) == 1 else (None, None)
     return Manifest(
-        image=ImageInfo(options.encoding, options.channels, height, width),
+        image=ImageInfo(options.encoding, options.channels, height, width, options.image_dtype),
         mask=MaskInfo(
             options.mask_encoding,
             options.num_classes,

@@ -12,6 +12,7 @@ refuses 0/255 masks that no option accounted for.
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Sequence
 
@@ -19,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 from tfshards import storage
+from tfshards.converters import deep_files
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.errors import TfshardsError
@@ -45,15 +47,20 @@ def sample_mask_values(
     values: set[int] = set()
     for pair in pairs[::step][:count]:
         try:
-            with (
-                storage.open_file(pair.mask, "rb", storage_options) as handle,
-                Image.open(handle) as mask,
-            ):
-                pixels = np.asarray(mask if mask.mode in ("L", "P", "1") else mask.convert("L"))
+            pixels = _mask_sample(pair, storage_options)
         except Exception:  # noqa: BLE001 - the conversion reports unreadable files per pair
             continue
         values.update(int(v) for v in np.unique(pixels))
     return values
+
+
+def _mask_sample(pair: Pair, storage_options: StorageOptions) -> np.ndarray:
+    data = storage.read_bytes(pair.mask, storage_options)
+    array = deep_files.array_of(data, pair.mask)  # a .npy or a 16-bit TIFF mask
+    if array is not None:
+        return array
+    with Image.open(io.BytesIO(data)) as mask:
+        return np.asarray(mask if mask.mode in ("L", "P", "1") else mask.convert("L"))
 
 
 def check_mask_values(values: set[int], options: ConvertOptions, where: str) -> None:

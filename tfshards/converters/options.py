@@ -16,6 +16,8 @@ from tfshards.schemas.format import (
     COMPRESSIONS,
     DEFAULT_COMPRESSION_LEVEL,
     DEFAULT_ENCODING,
+    IMAGE_DTYPES,
+    MAX_CHANNELS,
     compression,
     image_encoding,
     mask_encoding,
@@ -62,6 +64,7 @@ class ConvertOptions:
     test_fraction: float = 0.0
     seed: int = 0
     channels: int | None = None
+    image_dtype: str | None = None  # "uint8" or "uint16"; None: the first image's
     num_classes: int | None = None
     mask_map: tuple[tuple[int, int], ...] | None = None
     binary_masks: bool = False
@@ -99,14 +102,7 @@ class ConvertOptions:
                 "val_fraction + test_fraction must leave some pairs for training, got "
                 f"{self.val_fraction} + {self.test_fraction}"
             )
-        if self.channels not in (None, 1, 3, 4):
-            raise OptionsError(f"channels must be 1, 3 or 4 (or None: auto), got {self.channels}")
-        allowed = image_encoding(self.encoding).channels
-        if self.channels is not None and self.channels not in allowed:
-            raise OptionsError(
-                f"encoding {self.encoding!r} cannot store {self.channels} channels; "
-                f"it stores {', '.join(map(str, allowed))}"
-            )
+        self._check_layout()
         self._check_masks()
         shards = compression(resolved_compression(self.compression))
         if self.tfds_metadata and not shards.tfds_readable:
@@ -119,6 +115,24 @@ class ConvertOptions:
                 f"index files need uncompressed shards (got compression {self.compression!r}): "
                 "DALI and the tfrecord package seek to byte offsets in the file"
             )
+
+    def _check_layout(self) -> None:
+        """channels and image_dtype are ones tfshards stores, in this encoding."""
+        if self.channels is not None and not 1 <= self.channels <= MAX_CHANNELS:
+            raise OptionsError(
+                f"channels must be 1..{MAX_CHANNELS} (or None: auto), got {self.channels}"
+            )
+        if self.image_dtype not in (None, *IMAGE_DTYPES):
+            raise OptionsError(
+                f"image_dtype must be {' or '.join(IMAGE_DTYPES)} (or None: the first "
+                f"image's), got {self.image_dtype!r}"
+            )
+        if self.channels is not None:
+            reason = image_encoding(self.encoding).refuses(
+                self.channels, self.image_dtype or "uint8"
+            )
+            if reason is not None:
+                raise OptionsError(reason)
 
     def _check_types(self) -> None:
         """Integers are integers and flags bools: ``num_shards=2.5`` or ``seed="x"`` would
@@ -160,7 +174,7 @@ class ConvertOptions:
                         "targets 0..255"
                     )
 
-    def resolved(self, channels: int) -> ConvertOptions:
+    def resolved(self, channels: int, image_dtype: str = "uint8") -> ConvertOptions:
         """Concrete values for 'auto' settings.
 
         mask_encoding 'auto' follows images encoded raw or deflate (so the reader decodes
@@ -174,6 +188,7 @@ class ConvertOptions:
             self,
             **binary,
             channels=channels,
+            image_dtype=image_dtype,
             mask_encoding=resolved_mask_encoding(self.mask_encoding, self.encoding),
             compression=resolved_compression(self.compression),
         )

@@ -22,7 +22,9 @@ from tfshards.converters.pair_table import Pair, PairTable, Strings, decode_name
 from tfshards.errors import OptionsError, PairingError
 from tfshards.storage import Location, StorageOptions
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
+IMAGE_SUFFIXES = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".npy"}
+)
 SHOWN_PATHS = 5
 _CHUNK = 65536  # names gathered in Python lists before they move into a NumPy array
 Listed = Callable[[int], None]  # told how many more files were listed

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from tfshards import storage
+from tfshards.converters.image_stats import ChannelSums
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.converters.planning import ShardSpec
@@ -48,6 +49,9 @@ class ShardResult:
     # a table's bytes: it travels in the journal (JSON) from any runner. None in a journal
     # written before tfshards had it.
     record_table: str | None = None
+    # Exact per-channel counts of the stored images (image_stats.ChannelSums.to_json);
+    # None in a journal written before tfshards had them.
+    image_stats: dict | None = None
 
     def table(self) -> RecordTable | None:
         """The shard's per-record table (its rows, in record order), if it has one."""
@@ -102,6 +106,7 @@ def _write_file(
     sizes: list[tuple[int, int]] = []
     skipped: list[SkippedPair] = []
     rows: list[RecordRow] = []
+    sums = ChannelSums()
     with ShardWriter(
         out_dir / spec.file_name,
         compression=options.compression,
@@ -120,6 +125,7 @@ def _write_file(
             writer.write(record)
             row = record_row(prepared.key, prepared.mask, options.ignore_label)
             rows.append(row)
+            sums.add(prepared.image)
             class_pixels[row.class_ids] += row.class_counts
             if options.ignore_label is not None:
                 class_pixels[options.ignore_label] += row.ignored_pixels
@@ -138,6 +144,7 @@ def _write_file(
         image_sizes=sizes,
         skipped=skipped,
         record_table=base64.b64encode(RecordTable.from_rows(rows, 256).to_bytes()).decode(),
+        image_stats=sums.to_json(),
     )
 
 

@@ -3,7 +3,8 @@
 After ``export_tfds("shards/")``, ``tfds.builder_from_directory("shards/")`` loads every
 split. The features are the record schema's fields, one each under the same names
 (``key``, ``image/encoded``, ``image/format``, ..., ``mask/encoded``); the two pixel
-fields are decoded by TFDS to uint8 pixels, and ``supervised_keys`` makes
+fields are decoded by TFDS to the stored pixels (images uint8 or uint16, of any channel
+count in raw/deflate; masks uint8), and ``supervised_keys`` makes
 ``as_dataset(split, as_supervised=True)`` yield ``(image, mask)`` pairs. The mask feature
 carries the class count (``tfshards.info``) and the class names when given.
 
@@ -146,6 +147,7 @@ def _features(tfds, dataset: DatasetInfo, class_names: Sequence[str] | None):
     def pixels(part: str):
         shape = (height, width, channels if part == "image" else 1)
         mask = part == "mask"
+        dtype = np.uint8 if mask else np.dtype(dataset.manifest.image.dtype)  # uint8, uint16
         if form == TFDS_IMAGE:
             if mask:
                 return tfds.features.LabeledImage(
@@ -153,10 +155,10 @@ def _features(tfds, dataset: DatasetInfo, class_names: Sequence[str] | None):
                     shape=shape,
                     doc=tfds.features.Documentation(desc=described),
                 )
-            return tfds.features.Image(shape=shape)
+            return tfds.features.Image(shape=shape, dtype=dtype)
         return tfds.features.Tensor(
             shape=shape,
-            dtype=np.uint8,
+            dtype=dtype,
             encoding=getattr(tfds.features.Encoding, form),
             doc=tfds.features.Documentation(desc=described) if mask else None,
             minimum=0 if mask else None,

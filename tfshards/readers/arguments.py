@@ -25,6 +25,7 @@ from tfshards.readers.options import CachePlan, read_options
 from tfshards.readers.order import BatchSchedule
 from tfshards.wording import counted
 
+IMAGE_OUTPUT_DTYPES = ("float32", "uint8", "uint16")
 # seed: the order's generator takes any non-negative integer, tf.data's shuffles an int64.
 SEED_BOUND = 2**63
 # batch_size: TensorFlow's batch dimension and tf.data's counters are int64, but a batch
@@ -47,8 +48,12 @@ def check_arguments(path: str | os.PathLike, a: dict[str, Any], cache: CachePlan
     checked_bool("shuffle", a["shuffle"], none=True)
     for name in ("one_hot", "drop_remainder", "repeat"):
         checked_bool(name, a[name])
-    if a["image_dtype"] not in ("float32", "uint8"):
-        raise OptionsError(f"image_dtype must be 'float32' or 'uint8', got {a['image_dtype']!r}")
+    if a["image_dtype"] not in IMAGE_OUTPUT_DTYPES:
+        raise OptionsError(
+            f"image_dtype must be one of {', '.join(map(repr, IMAGE_OUTPUT_DTYPES))}, got "
+            f"{a['image_dtype']!r}"
+        )
+    checked_bool("normalize", a["normalize"])
     read_options(a["options"])
     _check_augment(a["augment"])
     _check_input_context(a["input_context"], a["batch_size"])

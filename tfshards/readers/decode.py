@@ -20,7 +20,7 @@ import tensorflow as tf
 from tfshards.errors import OptionsError
 from tfshards.readers.shards import SplitShards
 from tfshards.readers.sizing import DEFAULT_PAD_LABEL
-from tfshards.schemas.format import Encoding, image_encoding, mask_encoding
+from tfshards.schemas.format import MAX_CHANNELS, Encoding, image_encoding, mask_encoding
 from tfshards.schemas.record import tf_feature_spec
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -47,12 +47,18 @@ class PairDecoder:
     where: str = "this dataset"  # the dataset and split, for messages
     records: int | None = None  # the records a pass must hold; None: not counted
     channels: int | None = None  # the manifest's image channels (default: shape's)
+    itemsize: int = 1  # bytes per image sample: shape's channels are channels x itemsize
 
     def __post_init__(self) -> None:
         if self.records is not None and self.records < 0:
             raise ValueError(f"records must be None or at least 0, got {self.records}")
-        if self.channels is not None and self.channels not in (1, 3, 4):
-            raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
+        if self.channels is not None and not 1 <= self.channels <= MAX_CHANNELS:
+            raise ValueError(f"channels must be 1..{MAX_CHANNELS}, got {self.channels}")
+
+    @property
+    def image_channels(self) -> int:
+        """The images' channels (the shape's last axis counts bytes: channels x itemsize)."""
+        return self.channels or self.shape[2] // self.itemsize
 
     @property
     def whole_batches(self) -> bool:
@@ -62,8 +68,9 @@ class PairDecoder:
     def decode_batch(self, serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """[B] serialized records of ``shape`` -> uint8 [B, H, W, C] and [B, H, W, 1]."""
         features = self.checked(tf.io.parse_example(serialized, _spec(_PIXELS + _OWN)))
-        height, width, channels = self.shape
-        image = self.image.tf_decode(features["image/encoded"], height, width, channels)
+        height, width = self.shape[:2]
+        encoded, channels = features["image/encoded"], self.image_channels
+        image = self.image.tf_decode(encoded, height, width, channels, self.itemsize)
         mask = self.mask.tf_decode(features["mask/encoded"], height, width, 1)
         return image, mask
 
@@ -74,9 +81,10 @@ class PairDecoder:
     def decode_one(self, features: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         """One parsed record -> uint8 pair, resized to ``shape`` when it differs."""
         features = self.checked(features)
-        height, width, channels = self.shape
+        height, width = self.shape[:2]
         h, w = features["image/height"], features["image/width"]
-        image = self.image.tf_decode(features["image/encoded"], h, w, channels)
+        encoded, channels = features["image/encoded"], self.image_channels
+        image = self.image.tf_decode(encoded, h, w, channels, self.itemsize)
         mask = self.mask.tf_decode(features["mask/encoded"], h, w, 1)
         image, mask = self._sized_as_recorded(features, image, mask)
         resize = height is not None and (self.stored is None or self.stored[:2] != (height, width))
@@ -88,7 +96,7 @@ class PairDecoder:
 
     def checked(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """The features (one record or a batch), once their sizes agree with the manifest."""
-        channels = self.channels or self.shape[2]
+        channels = self.image_channels
         agree = [
             tf.equal(features["image/channels"], channels),
             tf.equal(features["mask/channels"], 1),
@@ -157,13 +165,14 @@ def pair_decoder(
     manifest = shards.manifest
     return PairDecoder(
         shape,
-        manifest.image_shape,
+        manifest.byte_shape,
         image_encoding(manifest.image.encoding),
         mask_encoding(manifest.mask.encoding),
         # No quotes: TensorFlow escapes them in the messages of checks.
         where=f"{shards.root} (split {shards.split})",
         records=shards.records if counted else None,
         channels=manifest.image.channels,
+        itemsize=manifest.image.itemsize,
     )
 
 
@@ -261,14 +270,20 @@ def _spec(names: tuple[str, ...]) -> dict:
 
 
 def finisher(
-    shards: SplitShards, image_dtype: str, augment: Augment | None, one_hot: bool
+    shards: SplitShards,
+    image_dtype: str,
+    augment: Augment | None,
+    one_hot: bool,
+    normalize: bool = False,
 ) -> Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
-    """uint8 pairs (one or a batch) -> output dtypes, with augment and one-hot."""
+    """uint8 pairs (one or a batch; uint16 images as their bytes) -> output dtypes, with
+    augment and one-hot."""
     encode = one_hot_encoder(shards) if one_hot else None
+    output = image_output(shards, image_dtype, normalize)
 
     def finish(image: tf.Tensor, mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        if image_dtype == "float32" and image.dtype == tf.uint8:
-            image = to_float_image(image)
+        if image.dtype == tf.uint8:
+            image = output(image)
         mask = tf.cast(mask, tf.int32)
         if augment is not None:
             image, mask = augment(image, mask)
@@ -334,8 +349,9 @@ def layer_augmenter(
         # marking moved pixels cost 13-17% (measured side by side, 2026-12-07).
         out = layer({"images": image, "segmentation_masks": mask + offset}, training=True)
         image, mask = out["images"], unshifted(out["segmentation_masks"], offset, label)
-        if image_dtype == "uint8" and image.dtype != tf.uint8:
-            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        if image_dtype in ("uint8", "uint16") and image.dtype != tf.as_dtype(image_dtype):
+            top = tf.as_dtype(image_dtype).max
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0, top), image_dtype)
         return image, mask if encode is None else encode(mask)
 
     return augment
@@ -474,6 +490,51 @@ def _sequence_of(model) -> list:
     import keras
 
     return [inner for inner in model.layers if not isinstance(inner, keras.layers.InputLayer)]
+
+
+def image_output(
+    shards: SplitShards, image_dtype: str, normalize: bool = False
+) -> Callable[[tf.Tensor], tf.Tensor]:
+    """Image bytes [..., H, W, C x itemsize] -> what read() delivers: the stored samples
+    as ``image_dtype`` (uint8 -> uint16 widens; uint16 -> uint8 is refused by the plan),
+    float32 as value / 255 (uint8) or value / 65535 (uint16), or with ``normalize``
+    float32 (value - mean) / std per channel, from the manifest's statistics
+    (:func:`normalizing_stats`)."""
+    image_info = shards.manifest.image
+    channels, stored = image_info.channels, image_info.dtype
+    stats = normalizing_stats(shards) if normalize else None
+
+    def output(image: tf.Tensor) -> tf.Tensor:
+        if stored == "uint16":  # little-endian byte pairs -> samples
+            lead = tf.shape(image)[:-1]
+            pairs = tf.reshape(image, tf.concat([lead, [channels, 2]], 0))
+            image = tf.bitcast(pairs, tf.uint16)
+        if stats is not None:
+            mean, std = stats
+            return (tf.cast(image, tf.float32) - mean) / std
+        if image_dtype == "float32":
+            if stored == "uint8":
+                return to_float_image(image)
+            return tf.cast(image, tf.float32) * tf.constant(1 / 65535, tf.float32)
+        return tf.cast(image, image_dtype)
+
+    return output
+
+
+def normalizing_stats(shards: SplitShards) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) float32 per channel for ``normalize``: the train split's statistics
+    for every split (val and test are transformed as the model was trained), else the
+    read split's; a channel whose std is 0 is divided by 1."""
+    splits = shards.manifest.splits
+    split = splits.get("train") or splits[shards.split]
+    if split.image_stats is None:
+        raise OptionsError(
+            f"normalize=True needs the per-channel statistics in {shards.root}'s manifest, "
+            "which this dataset's conversion did not count (an older tfshards): convert again"
+        )
+    mean = np.asarray(split.image_stats.mean, np.float32)
+    std = np.asarray(split.image_stats.std, np.float32)
+    return mean, np.where(std > 0, std, np.float32(1))
 
 
 def to_float_image(image: tf.Tensor) -> tf.Tensor:

@@ -63,6 +63,7 @@ def read(
     seed: int | None = None,
     shuffle: bool | None = None,
     image_dtype: str = "float32",
+    normalize: bool = False,
     one_hot: bool = False,
     drop_remainder: bool = False,
     repeat: bool = False,
@@ -76,7 +77,9 @@ def read(
 ) -> tf.data.Dataset:
     """Stream ``(image, mask)`` batches of one split of a converted dataset.
 
-    image: float32 in [0, 1] (or uint8 with ``image_dtype="uint8"``), [B, H, W, C].
+    image: float32 in [0, 1] (value / 255, or / 65535 for uint16 images), [B, H, W, C];
+    ``image_dtype="uint8"`` or ``"uint16"``: the samples (uint8 of uint16 is refused);
+    ``normalize=True``: float32 (value - mean) / std per channel, the train split's.
     mask: int32 class indices [B, H, W, 1] (float32 one-hot [B, H, W, K] with ``one_hot``).
 
     augment: a Keras 3 augmentation layer (or a ``keras.layers.Pipeline`` or

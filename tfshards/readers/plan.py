@@ -22,7 +22,6 @@ from tfshards.errors import OptionsError
 from tfshards.readers.arguments import check_arguments
 from tfshards.readers.cache import user_cache_dir
 from tfshards.readers.decode import (
-    Augment,
     PairDecoder,
     finisher,
     is_keras_layer,
@@ -159,6 +158,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         batch_size = context.get_per_replica_batch_size(batch_size)
     shards = split_shards(path, a["split"], storage_options=options.storage_options)
     sizing = Sizing(a["crop_size"], options.crop_scale, a["pad_to"])
+    _check_sample_type(shards, a, sizing)
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
     unordered = _unordered_because(a["service"])
     selection = _selection(path, shards, a, unordered, options)
@@ -188,7 +188,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
             a["drop_remainder"],
             shards.records if selection is None else selection.epoch_size,
         ),
-        finishing=_finishing(shards, a["augment"], a["image_dtype"], a["one_hot"], a["seed"]),
+        finishing=_finishing(shards, a),
         options=options,
         seed=a["seed"],
         order_seed=_resolved_seed(a["seed"], pipeline[1]),
@@ -310,31 +310,50 @@ def _open_at_once(cycle_length: int) -> int:
     return 1 if cycle_length == 1 else 2 * cycle_length
 
 
-def _finishing(
-    shards: SplitShards,
-    augment: Augment | Any | None,
-    image_dtype: str,
-    one_hot: bool,
-    seed: int | None = None,
-) -> Finishing:
-    """A Keras layer runs on whole finished batches (then one-hot); a function per pair."""
+def _finishing(shards: SplitShards, a: dict[str, Any]) -> Finishing:
+    """A Keras layer runs on whole finished batches (then one-hot); a function per pair.
+    ``a``: read()'s keywords (augment, image_dtype, normalize, one_hot, seed)."""
+    augment, one_hot, normalize = a["augment"], a["one_hot"], a["normalize"]
+    image_dtype = "float32" if normalize else a["image_dtype"]
     if is_keras_layer(augment):
-        layer = layer_augmenter(augment, shards, one_hot, image_dtype, seed)
-        return Finishing(finisher(shards, image_dtype, None, False), False, layer, image_dtype)
-    finish = finisher(shards, image_dtype, augment, one_hot)
+        layer = layer_augmenter(augment, shards, one_hot, image_dtype, a["seed"])
+        finish = finisher(shards, image_dtype, None, False, normalize)
+        return Finishing(finish, False, layer, image_dtype)
+    finish = finisher(shards, image_dtype, augment, one_hot, normalize)
     return Finishing(finish, augment is not None, None, image_dtype)
+
+
+def _check_sample_type(shards: SplitShards, a: dict[str, Any], sizing: Sizing) -> None:
+    """What a uint16 dataset cannot give: uint8 images (a silent loss of its low bits),
+    or images resized while read (image_size, crop_scale), which would blend bytes."""
+    if shards.manifest.image.dtype == "uint8":
+        return
+    where = f"{shards.root} stores uint16 images"
+    if a["image_dtype"] == "uint8" and not a["normalize"]:
+        raise OptionsError(
+            f"image_dtype='uint8' is refused: {where}, and uint8 would drop their low "
+            "bits; read uint16 or float32 (value / 65535), or normalize=True"
+        )
+    if a["image_size"] is not None or sizing.crop_scale is not None:
+        what = "image_size" if a["image_size"] is not None else "ReadOptions(crop_scale)"
+        raise OptionsError(
+            f"{what} is refused: {where}, which tfshards does not resize while reading; "
+            "convert with resize=(h, w), or read crop_size without crop_scale"
+        )
 
 
 def _target_shape(
     shards: SplitShards, image_size: tuple[int, int] | None, sizing: Sizing, batch_size: int
 ) -> Shape:
-    """The decoded shape: resized, stored, or (None, None, C) to keep each record's own."""
-    channels = shards.manifest.image.channels
+    """The decoded shape (its last axis counts bytes: channels x itemsize): resized,
+    stored, or (None, None, C) to keep each record's own."""
+    image = shards.manifest.image
+    channels = image.channels * image.itemsize
     if image_size is not None:
         if sizing.active:
             raise OptionsError("pass image_size (resize) or crop_size/pad_to, not both")
         return (*checked_size("image_size", image_size), channels)
-    stored = shards.manifest.image_shape
+    stored = shards.manifest.byte_shape
     if stored is not None:
         _check_pad_to(shards, stored, sizing)
         return stored

@@ -8,11 +8,21 @@ Pixel formats: what a record's ``image/format`` or ``mask/format`` says its
 ``*/encoded`` bytes are. Each knows how to decode itself with NumPy (checks)
 and with TensorFlow (the reader):
 
-- ``png``:  a PNG file (8-bit; grayscale, RGB or RGBA).
+- ``png``:  a PNG file (8-bit grayscale, RGB or RGBA; or 16-bit grayscale).
 - ``jpeg``: a JPEG file (8-bit; grayscale or RGB).
-- ``raw``:  the uint8 pixels in row-major height x width x channels order.
+- ``raw``:  the pixels in row-major height x width x channels order, uint8, or
+  uint16 little-endian (the manifest's ``image.dtype`` says which; masks are uint8).
 - ``deflate``: those raw pixels as one zlib stream (RFC 1950), written by ISA-L
   where installed, else zlib (``schemas/deflate.py``).
+
+Image sample types and channel counts: uint8 or uint16 (:data:`IMAGE_DTYPES`), 1 to
+:data:`MAX_CHANNELS` channels. raw and deflate store every one; PNG 1, 3 or 4 channels
+of uint8 and 1 of uint16 (Pillow writes no 16-bit colour PNG); JPEG 1 or 3 of uint8.
+
+The TensorFlow decoders deliver an image's bytes: uint8 [H, W, C x itemsize], the
+uint16 samples' little-endian bytes side by side, which the reader turns into uint16
+(``tf.bitcast``) only when it finishes a batch; so every stage before it (crops,
+caches, batching) moves bytes whatever the sample type.
 
 Encodings: what the user asks for; each writes one or two pixel formats, and
 carries its parameters (``level``, ``quality``) and its TFDS form:
@@ -52,6 +62,21 @@ from tfshards.storage import Location
 
 AUTO = "auto"  # an option tfshards resolves from the data (mask encoding, compression)
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+IMAGE_DTYPES = ("uint8", "uint16")  # the sample types images are stored in
+MAX_CHANNELS = 64  # a record's image channels: 1..64 (Sentinel-2 has 13 bands)
+_PNG_LAYOUTS = frozenset({(1, "uint8"), (3, "uint8"), (4, "uint8"), (1, "uint16")})
+_JPEG_LAYOUTS = frozenset({(1, "uint8"), (3, "uint8")})
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per sample of an image dtype name (``IMAGE_DTYPES``)."""
+    return np.dtype(dtype).itemsize
+
+
+def stored_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype of stored samples: uint8, or little-endian uint16."""
+    return np.dtype(dtype).newbyteorder("<")
+
 
 # ---------------------------------------------------------------- pixel formats
 
@@ -67,17 +92,24 @@ class PixelFormat:
     """
 
     name: str
-    np_decode: Callable[[bytes, int, int, int], np.ndarray]
-    tf_decode: Callable  # (encoded, height, width, channels) -> uint8 [H, W, C]
+    np_decode: Callable[..., np.ndarray]  # (encoded, height, width, channels, dtype)
+    tf_decode: Callable  # (encoded, height, width, channels, itemsize) -> uint8 bytes
     batchable: bool = False
     exact: bool = True
 
 
-def _pil_decode(encoded: bytes, height: int, width: int, channels: int) -> np.ndarray:
+def _pil_decode(
+    encoded: bytes, height: int, width: int, channels: int, dtype: str = "uint8"
+) -> np.ndarray:
     with Image.open(io.BytesIO(encoded)) as image:
         image.load()
-        mode = _MODES[channels]
-        pixels = np.asarray(image if image.mode == mode else image.convert(mode))
+        if dtype != "uint8":  # a 16-bit grayscale PNG: Pillow's I;16 (or I) mode
+            if image.mode not in ("I;16", "I"):
+                raise ValueError(f"a {image.mode} PNG where 16-bit grayscale is expected")
+            pixels = np.asarray(image).astype(np.uint16)
+        else:
+            mode = _MODES[channels]
+            pixels = np.asarray(image if image.mode == mode else image.convert(mode))
     if pixels.shape[:2] != (height, width):
         raise ValueError(
             f"decodes to {pixels.shape[0]}x{pixels.shape[1]}, record says {height}x{width}"
@@ -85,18 +117,23 @@ def _pil_decode(encoded: bytes, height: int, width: int, channels: int) -> np.nd
     return pixels.reshape(height, width, channels)
 
 
-def _raw_decode(encoded: bytes, height: int, width: int, channels: int) -> np.ndarray:
-    expected = height * width * channels
+def _raw_decode(
+    encoded: bytes, height: int, width: int, channels: int, dtype: str = "uint8"
+) -> np.ndarray:
+    expected = height * width * channels * itemsize(dtype)
     if len(encoded) != expected:
         raise ValueError(f"raw pixels are {len(encoded)} bytes, expected {expected}")
-    return np.frombuffer(encoded, np.uint8).reshape(height, width, channels)
+    pixels = np.frombuffer(encoded, stored_dtype(dtype)).reshape(height, width, channels)
+    return pixels.astype(dtype, copy=False)  # native order (a copy on big-endian hosts only)
 
 
-def _deflate_decode(encoded: bytes, height: int, width: int, channels: int) -> np.ndarray:
-    return _raw_decode(deflate.decompress(encoded), height, width, channels)
+def _deflate_decode(
+    encoded: bytes, height: int, width: int, channels: int, dtype: str = "uint8"
+) -> np.ndarray:
+    return _raw_decode(deflate.decompress(encoded), height, width, channels, dtype)
 
 
-def _tf_image_decode(encoded, height, width, channels: int):
+def _tf_image_decode(encoded, height, width, channels: int, itemsize: int = 1):
     """PNG or JPEG (mixed under ``keep``), one record, to the pixels Pillow decodes.
 
     JPEG decoders may differ by a few levels: ``tf.io.decode_image`` uses the fast DCT,
@@ -104,6 +141,11 @@ def _tf_image_decode(encoded, height, width, channels: int):
     ``INTEGER_ACCURATE`` selects, with the same upsampling: equal pixels (tested).
     """
     import tensorflow as tf
+
+    if itemsize == 2:  # 16-bit grayscale PNG -> its little-endian bytes, [H, W, 2]
+        samples = tf.io.decode_png(encoded, channels=channels, dtype=tf.uint16)
+        pixels = tf.bitcast(samples, tf.uint8)
+        return tf.reshape(pixels, tf.concat([tf.shape(samples)[:2], [2 * channels]], 0))
 
     def png():
         return tf.io.decode_png(encoded, channels=channels)
@@ -116,10 +158,12 @@ def _tf_image_decode(encoded, height, width, channels: int):
     return tf.ensure_shape(pixels, [None, None, channels])
 
 
-def _tf_raw_decode(encoded, height, width, channels: int):
-    """Raw bytes -> uint8; one record (scalar) or a batch ([B], same size) -> [..., H, W, C]."""
+def _tf_raw_decode(encoded, height, width, channels: int, itemsize: int = 1):
+    """Raw bytes -> uint8; one record (scalar) or a batch ([B], same size) -> [..., H, W, C]
+    (C x itemsize bytes per pixel)."""
     import tensorflow as tf
 
+    channels *= itemsize
     pixels = tf.io.decode_raw(encoded, tf.uint8)
     # A byte count other than height x width x channels would reshape into other images
     # (half-images, or three gray images per RGB record): an error instead.
@@ -137,10 +181,11 @@ def _tf_raw_decode(encoded, height, width, channels: int):
     return tf.reshape(pixels, (-1, height, width, channels))
 
 
-def _tf_deflate_decode(encoded, height, width, channels: int):
+def _tf_deflate_decode(encoded, height, width, channels: int, itemsize: int = 1):
     import tensorflow as tf
 
-    return _tf_raw_decode(tf.io.decode_compressed(encoded, "ZLIB"), height, width, channels)
+    inflated = tf.io.decode_compressed(encoded, "ZLIB")
+    return _tf_raw_decode(inflated, height, width, channels, itemsize)
 
 
 PIXEL_FORMATS: dict[str, PixelFormat] = {
@@ -151,11 +196,13 @@ PIXEL_FORMATS: dict[str, PixelFormat] = {
 }
 
 
-def decode_pixels(encoded: bytes, fmt: str, height: int, width: int, channels: int) -> np.ndarray:
-    """NumPy uint8 [height, width, channels]; ValueError when the bytes disagree."""
+def decode_pixels(
+    encoded: bytes, fmt: str, height: int, width: int, channels: int, dtype: str = "uint8"
+) -> np.ndarray:
+    """NumPy ``dtype`` [height, width, channels]; ValueError when the bytes disagree."""
     if fmt not in PIXEL_FORMATS:
         raise ValueError(f"unknown pixel format {fmt!r}")
-    return PIXEL_FORMATS[fmt].np_decode(encoded, height, width, channels)
+    return PIXEL_FORMATS[fmt].np_decode(encoded, height, width, channels, dtype)
 
 
 # ---------------------------------------------------------------- encodings
@@ -187,7 +234,7 @@ class Encoding:
     formats: tuple[str, ...]
     tfds_form: str
     lossless: bool = True
-    channels: tuple[int, ...] = (1, 3, 4)
+    layouts: frozenset[tuple[int, str]] | None = _PNG_LAYOUTS  # (channels, dtype); None: all
     level: int | None = None
     quality: int | None = None
 
@@ -199,29 +246,56 @@ class Encoding:
     def batchable(self) -> bool:
         return all(PIXEL_FORMATS[name].batchable for name in self.formats)
 
-    def tf_decode(self, encoded, height, width, channels: int):
-        """Decode one record (or, when ``batchable``, a same-size batch) with TensorFlow."""
-        return PIXEL_FORMATS[self.formats[0]].tf_decode(encoded, height, width, channels)
+    def tf_decode(self, encoded, height, width, channels: int, itemsize: int = 1):
+        """Decode one record (or, when ``batchable``, a same-size batch) with TensorFlow
+        into uint8 bytes [..., H, W, channels x itemsize]."""
+        fmt = PIXEL_FORMATS[self.formats[0]]
+        return fmt.tf_decode(encoded, height, width, channels, itemsize)
+
+    def refuses(self, channels: int, dtype: str) -> str | None:
+        """Why this encoding cannot store images of ``channels`` x ``dtype``, or None."""
+        if self.layouts is None or (channels, dtype) in self.layouts:
+            return None
+        held = ", ".join(f"{c} x {d}" for c, d in sorted(self.layouts, key=lambda x: x[::-1]))
+        return (
+            f"encoding {self.name!r} cannot store {channels} channel(s) of {dtype}; it stores "
+            f"{held} (channels x dtype); raw and deflate store every channel count and dtype"
+        )
+
+
+def _refused(encoding: Encoding, pixels: np.ndarray) -> None:
+    reason = encoding.refuses(pixels.shape[2] if pixels.ndim == 3 else 1, pixels.dtype.name)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def _png(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+    _refused(encoding, pixels)
     buffer = io.BytesIO()
     Image.fromarray(_squeeze_gray(pixels)).save(buffer, format="PNG")
     return buffer.getvalue(), "png"
 
 
 def _jpeg(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
+    _refused(encoding, pixels)
     buffer = io.BytesIO()
     Image.fromarray(_squeeze_gray(pixels)).save(buffer, format="JPEG", quality=encoding.quality)
     return buffer.getvalue(), "jpeg"
 
 
+def _stored(pixels: np.ndarray) -> np.ndarray:
+    """Contiguous samples in their stored byte order (uint16: little-endian)."""
+    if pixels.dtype.name not in IMAGE_DTYPES:
+        raise ValueError(f"{pixels.dtype} pixels; tfshards stores {' and '.join(IMAGE_DTYPES)}")
+    return np.ascontiguousarray(pixels, dtype=stored_dtype(pixels.dtype.name))
+
+
 def _raw(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
-    return np.ascontiguousarray(pixels, dtype=np.uint8).tobytes(), "raw"
+    return _stored(pixels).tobytes(), "raw"
 
 
 def _deflate(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
-    return deflate.compress(np.ascontiguousarray(pixels, dtype=np.uint8), encoding.level), "deflate"
+    return deflate.compress(_stored(pixels), encoding.level), "deflate"
 
 
 def _keep(encoding: Encoding, pixels: np.ndarray, source: SourceFile) -> tuple[bytes, str]:
@@ -238,12 +312,12 @@ ENCODINGS: dict[str, Encoding] = {
     # zlib level 1: on 256x256 RGB, level 3 was 0.7% smaller at 1.3x the time and level 6
     # 3% smaller at 3.3x (zlib); inflating costs the same at every level. With ISA-L every
     # level 1-9 is its level 3 (schemas/deflate.py), so the level matters for zlib only.
-    "deflate": Encoding("deflate", _deflate, ("deflate",), "ZLIB", level=1),
-    "raw": Encoding("raw", _raw, ("raw",), "BYTES"),
+    "deflate": Encoding("deflate", _deflate, ("deflate",), "ZLIB", layouts=None, level=1),
+    "raw": Encoding("raw", _raw, ("raw",), "BYTES", layouts=None),
     "keep": Encoding("keep", _keep, ("png", "jpeg"), TFDS_IMAGE),
     "png": Encoding("png", _png, ("png",), TFDS_IMAGE),
     "jpeg": Encoding(
-        "jpeg", _jpeg, ("jpeg",), TFDS_IMAGE, lossless=False, channels=(1, 3), quality=95
+        "jpeg", _jpeg, ("jpeg",), TFDS_IMAGE, lossless=False, layouts=_JPEG_LAYOUTS, quality=95
     ),
 }
 DEFAULT_ENCODING = "deflate"

@@ -5,8 +5,10 @@ Layout (JSON object)::
     format            "tfshards"
     schema_version    version of the record schema (see record.py)
     record_schema     [{"name", "type"}] for every record feature
-    image             {"encoding", "channels", "height", "width"}; height/width
-                      are null when records differ in size
+    image             {"encoding", "channels", "height", "width", "dtype"}; height/width
+                      are null when records differ in size; dtype "uint16", or
+                      absent: uint8 (as before tfshards stored 16-bit images, so
+                      older tfshards read 8-bit datasets and refuse 16-bit ones)
     mask              {"encoding", "num_classes" (null when not checked), "mask_map",
                       "ignore_label" (null, or the value that marks pixels to ignore)}
     compression       {"type": "none"|"gzip"|"zlib", "level"}
@@ -16,7 +18,8 @@ Layout (JSON object)::
     source            {"images", "masks", "image_pattern", "mask_pattern"}
     splits            {name: {"records", "bytes", "class_pixels", "mask_values",
                       "ignored_pixels", "shards": [{"file", "records", "bytes", "sha256",
-                      "crc32c"}], "record_table": {"file", "bytes", "sha256"}}}
+                      "crc32c"}], "record_table": {"file", "bytes", "sha256"},
+                      "image_stats": {"pixels", "mean", "std", "min", "max"}}}
     skipped           [{"key", "file", "reason"}] pairs left out by --on-error skip
     unpaired          {"images", "masks", "duplicate_keys", "ignored_files"} counts
 
@@ -26,6 +29,9 @@ split's per-record table (``<split>.records``, written before the manifest; its 
 layout is in ``schemas/record_table.py``); a manifest written before tfshards wrote
 tables has none, and ``tfshards.records()`` builds it on first use. Shard and table
 ``file`` names are plain file names inside the dataset folder; anything else is refused.
+``image_stats`` holds one value per image channel in each list: the mean, population
+standard deviation, minimum and maximum of the split's stored samples, counted exactly
+at conversion (``converters/image_stats.py``); absent in a manifest written before.
 The manifest holds no timestamps, so the same inputs give the same bytes.
 """
 
@@ -44,7 +50,10 @@ from tfshards.schemas.format import (
     COMPRESSIONS,
     DEFAULT_COMPRESSION_LEVEL,
     ENCODINGS,
+    IMAGE_DTYPES,
     MANIFEST_NAME,
+    MAX_CHANNELS,
+    itemsize,
     temporary_path,
 )
 from tfshards.schemas.record import SCHEMA_VERSION, schema_description
@@ -62,10 +71,17 @@ class ImageInfo:
     channels: int
     height: int | None
     width: int | None
+    dtype: str = "uint8"  # the samples' type, one of IMAGE_DTYPES
 
     def __post_init__(self) -> None:
         _check("image.encoding", self.encoding, self.encoding in ENCODINGS, sorted(ENCODINGS))
-        _check("image.channels", self.channels, self.channels in (1, 3, 4), "1, 3 or 4")
+        _check(
+            "image.channels",
+            self.channels,
+            isinstance(self.channels, int) and 1 <= self.channels <= MAX_CHANNELS,
+            f"1..{MAX_CHANNELS}",
+        )
+        _check("image.dtype", self.dtype, self.dtype in IMAGE_DTYPES, list(IMAGE_DTYPES))
         sized = [v for v in (self.height, self.width) if v is not None]
         _check(
             "image.height/width",
@@ -73,6 +89,11 @@ class ImageInfo:
             len(sized) in (0, 2) and all(isinstance(v, int) and v > 0 for v in sized),
             "two positive integers, or both null",
         )
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per sample: 1 (uint8) or 2 (uint16)."""
+        return itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,22 @@ class TableInfo:
 
 
 @dataclass(frozen=True)
+class ImageStats:
+    """Per-channel statistics of a split's stored image samples (in their own units:
+    0..255 or 0..65535), over every pixel: population standard deviation."""
+
+    pixels: int
+    mean: list[float]
+    std: list[float]
+    min: list[int]
+    max: list[int]
+
+    def __post_init__(self) -> None:
+        lengths = {len(self.mean), len(self.std), len(self.min), len(self.max)}
+        _check("image_stats", lengths, len(lengths) == 1, "one value per channel in each list")
+
+
+@dataclass(frozen=True)
 class SplitInfo:
     records: int
     bytes: int
@@ -156,6 +193,7 @@ class SplitInfo:
     mask_values: list[int] = field(default_factory=list)
     ignored_pixels: int = 0  # pixels at the mask's ignore_label, outside class_pixels
     record_table: TableInfo | None = None  # None: converted before tfshards wrote tables
+    image_stats: ImageStats | None = None  # None: converted before tfshards counted them
 
 
 @dataclass(frozen=True)
@@ -188,6 +226,14 @@ class Manifest:
             return None
         return (self.image.height, self.image.width, self.image.channels)
 
+    @property
+    def byte_shape(self) -> tuple[int, int, int] | None:
+        """(H, W, C x itemsize): an image as the reader moves it before finishing, uint8
+        bytes (a uint16 sample's two little-endian bytes side by side)."""
+        if self.image.height is None:
+            return None
+        return (self.image.height, self.image.width, self.image.channels * self.image.itemsize)
+
     def to_json(self) -> str:
         body = {
             "format": FORMAT_NAME,
@@ -195,9 +241,12 @@ class Manifest:
             "record_schema": schema_description(),
             **{k: v for k, v in asdict(self).items() if k != "schema_version"},
         }
+        if body["image"]["dtype"] == "uint8":  # as before uint16: older tfshards read it
+            del body["image"]["dtype"]
         for split in body["splits"].values():  # a split without a table, as before tables
-            if split["record_table"] is None:
-                del split["record_table"]
+            for optional in ("record_table", "image_stats"):
+                if split[optional] is None:
+                    del split[optional]
         return json.dumps(body, indent=2, sort_keys=False) + "\n"
 
     def save(self, folder: Location, storage_options: StorageOptions = None) -> Location:
@@ -306,7 +355,9 @@ def _split_from_json(name: str, raw: dict[str, Any]) -> SplitInfo:
     if table is not None:
         table = TableInfo(**table)
         _check_shard_name(table.file)
+    stats = raw.get("image_stats")
     return SplitInfo(
+        image_stats=None if stats is None else ImageStats(**stats),
         records=raw["records"],
         bytes=raw["bytes"],
         class_pixels=list(raw["class_pixels"]),

@@ -7,11 +7,12 @@ name                type     meaning
 ==================  =======  ==================================================
 key                 bytes    the pair's key (UTF-8; the relative path without
                              extension, or the ``{key}`` of a name pattern)
-image/encoded       bytes    image pixels in ``image/format``
+image/encoded       bytes    image pixels (uint8, or uint16: the manifest's
+                             ``image.dtype``) in ``image/format``
 image/format        bytes    ``png``, ``jpeg``, ``raw`` or ``deflate`` (see format.py)
 image/height        int64    height in pixels
 image/width         int64    width in pixels
-image/channels      int64    1 (grayscale), 3 (RGB) or 4 (RGBA)
+image/channels      int64    1 to 64 (1 grayscale, 3 RGB, 4 RGBA, or any bands)
 mask/encoded        bytes    class indices (uint8) in ``mask/format``
 mask/format         bytes    ``png``, ``raw`` or ``deflate``
 mask/channels       int64    always 1; mask height and width equal the image's
@@ -103,21 +104,26 @@ def tf_feature_spec() -> dict:
 
 @dataclass(frozen=True)
 class DecodedRecord:
-    """One record decoded in pure Python: image uint8 [H, W, C], mask uint8 [H, W]."""
+    """One record decoded in pure Python: image uint8 or uint16 [H, W, C], mask uint8
+    [H, W]."""
 
     key: str
     image: np.ndarray
     mask: np.ndarray
 
 
-def decode_record(features: Mapping[str, bytes | int | None]) -> DecodedRecord:
-    """Decode a parsed record (``tfrecord.parse_example``) by its own formats.
+def decode_record(
+    features: Mapping[str, bytes | int | None], image_dtype: str = "uint8"
+) -> DecodedRecord:
+    """Decode a parsed record (``tfrecord.parse_example``) by its own formats, its image
+    samples of ``image_dtype`` (the manifest's ``image.dtype``).
 
     Raises ValueError saying which feature is missing or which pixels do not decode.
     """
     _check_features(features)
     key = features["key"].decode("utf-8", "replace")
-    return DecodedRecord(key, _plane(features, "image"), _plane(features, "mask")[:, :, 0])
+    image = _plane(features, "image", image_dtype)
+    return DecodedRecord(key, image, _plane(features, "mask")[:, :, 0])
 
 
 def decode_mask(features: Mapping[str, bytes | int | None]) -> tuple[str, np.ndarray]:
@@ -135,8 +141,10 @@ def _check_features(features: Mapping[str, bytes | int | None]) -> None:
         raise ValueError(f"missing features {missing}")
 
 
-def _plane(features: Mapping[str, bytes | int | None], part: str) -> np.ndarray:
-    """The decoded pixels uint8 [H, W, C] of ``part`` ("image" or "mask")."""
+def _plane(
+    features: Mapping[str, bytes | int | None], part: str, dtype: str = "uint8"
+) -> np.ndarray:
+    """The decoded pixels [H, W, C] of ``part`` ("image" or "mask")."""
     height, width = int(features["image/height"]), int(features["image/width"])
     try:
         return decode_pixels(
@@ -145,6 +153,7 @@ def _plane(features: Mapping[str, bytes | int | None], part: str) -> np.ndarray:
             height,
             width,
             int(features[f"{part}/channels"]),
+            dtype,
         )
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(f"{part} does not decode: {exc}") from exc

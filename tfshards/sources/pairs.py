@@ -7,8 +7,10 @@ manifest's order: one ``pread`` at its offset (``records.py``), both CRCs checke
 then the pure-Python record decoder that ``verify`` uses.
 
 Values are those of ``tfshards.read(path, image_dtype="uint8", shuffle=False)`` for the
-same record: the image ``uint8 [H, W, C]``, the mask's class indices ``[H, W, 1]``
-(``uint8`` here, ``int32`` in ``read``: the same numbers in a quarter of the bytes).
+same record: the image ``uint8 [H, W, C]`` (``uint16`` for a dataset of uint16 images:
+the manifest's ``image.dtype``, as ``read(image_dtype="uint16")``), the mask's class
+indices ``[H, W, 1]`` (``uint8`` here, ``int32`` in ``read``: the same numbers in a
+quarter of the bytes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tfshards.errors import OptionsError
 from tfshards.malloc_arenas import keep_freed_batches
 from tfshards.readers.options import ReadOptions, read_options
 from tfshards.readers.shards import split_shards
+from tfshards.schemas.format import stored_dtype
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.tfrecord import parse_example
 from tfshards.sources.pixel_batches import PairDecodeError, batches_of
@@ -119,7 +122,7 @@ class Pairs:
                 np.asarray(indices, np.int64),
                 lambda k: f"{self.records.located(indices[k])} (pair {indices[k]})",
             )
-            decoded = zip(images, masks, keys, strict=True)
+            decoded = zip(self._samples(images), masks, keys, strict=True)
         return [self._finish(pair) for pair in decoded]
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
@@ -139,9 +142,16 @@ class Pairs:
     def close(self) -> None:
         self.records.close()
 
+    def _samples(self, images: np.ndarray) -> np.ndarray:
+        """Decoded image bytes [B, H, W, C x itemsize] as the stored samples [B, H, W, C]."""
+        if self.manifest.image.dtype == "uint8":
+            return images
+        samples = images.view(stored_dtype(self.manifest.image.dtype))
+        return samples.astype(self.manifest.image.dtype, copy=False)  # native byte order
+
     def _decoded(self, index: int, data: bytes) -> tuple[np.ndarray, np.ndarray, str]:
         try:
-            record = decode_record(_parsed(data))
+            record = decode_record(_parsed(data), self.manifest.image.dtype)
         except ValueError as exc:  # RecordError too
             where = self.records.located(index)
             raise PairDecodeError(f"{where} (pair {index}): {exc}") from exc
@@ -209,10 +219,12 @@ class IndexTypeError(OptionsError, TypeError):
 
 def torch_pair(image: np.ndarray, mask: np.ndarray) -> tuple[Any, Any]:
     """``transform`` for PyTorch: image ``float32 [C, H, W]`` in [0, 1] (``value / 255``,
-    the floats of ``tfshards.read(image_dtype="float32")``, bit for bit), mask ``int64
-    [H, W]`` class indices (what ``torch.nn.CrossEntropyLoss`` takes as its target)."""
+    or ``value / 65535`` for uint16 images: the floats of
+    ``tfshards.read(image_dtype="float32")``, bit for bit), mask ``int64 [H, W]`` class
+    indices (what ``torch.nn.CrossEntropyLoss`` takes as its target)."""
     import torch
 
-    floats = np.multiply(image, np.float32(1 / 255), dtype=np.float32)
+    scale = np.float32(1 / np.iinfo(image.dtype).max)
+    floats = np.multiply(image, scale, dtype=np.float32)
     chw = np.ascontiguousarray(floats.transpose(2, 0, 1))
     return torch.from_numpy(chw), torch.from_numpy(mask[:, :, 0].astype(np.int64))

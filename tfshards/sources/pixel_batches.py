@@ -60,10 +60,11 @@ class PixelBatches:
     one of ``image_formats`` and ``mask_formats`` (each record says which); ``where``
     names the dataset and split in messages."""
 
-    shape: tuple[int, int, int]
+    shape: tuple[int, int, int]  # the last axis counts bytes: channels x itemsize
     image_formats: tuple[str, ...]
     mask_formats: tuple[str, ...]
     where: str
+    itemsize: int = 1  # bytes per image sample (2: uint16 images, delivered as bytes)
     _layouts: dict[int, RecordLayout] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -146,9 +147,10 @@ class PixelBatches:
     ) -> None:
         """The record's own sizes are the manifest's, or a PairDecodeError."""
         height, width, channels = self.shape
+        channels //= self.itemsize
         holds = (features["image/height"], features["image/width"], features["image/channels"])
         mask_channels = features["mask/channels"]
-        if holds != self.shape or mask_channels != 1:
+        if holds != (height, width, channels) or mask_channels != 1:
             key = str(record[slice(*_span(features, "key"))], "utf-8", "replace")
             raise PairDecodeError(
                 f"{self.where}: record {key} disagrees with the manifest: it holds "
@@ -284,6 +286,7 @@ def batches_of(manifest, where: str) -> PixelBatches | None:
     image = image_encoding(manifest.image.encoding)
     mask = mask_encoding(manifest.mask.encoding)
     formats = (*image.formats, *mask.formats)
-    if manifest.image_shape is None or not set(formats) <= set(BATCH_FORMATS):
+    if manifest.byte_shape is None or not set(formats) <= set(BATCH_FORMATS):
         return None
-    return PixelBatches(tuple(manifest.image_shape), image.formats, mask.formats, where)
+    shape, itemsize = tuple(manifest.byte_shape), manifest.image.itemsize
+    return PixelBatches(shape, image.formats, mask.formats, where, itemsize)
