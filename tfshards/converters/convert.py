@@ -35,7 +35,9 @@ from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
 )
+from tfshards.converters.tiling import AUTO_TILE
 from tfshards.converters.validation import image_channels
+from tfshards.converters.windows import no_pixel_limit
 from tfshards.errors import OptionsError, OutputError, PairingError
 from tfshards.schemas.format import image_encoding, record_table_name
 from tfshards.schemas.manifest import (
@@ -209,7 +211,8 @@ def _plan(
         log.warning("%s (left out: --allow-unpaired)", problem)
     masks_where = storage.display(masks if masks is not None else images)
     check_mask_values(sample_mask_values(pairs, storage_options=store), options, where=masks_where)
-    channels = options.channels or image_channels(pairs[0].image, store)
+    with no_pixel_limit():  # a first image too large for Pillow's limit is tiled, not refused
+        channels = options.channels or image_channels(pairs[0].image, store)
     options = options.resolved(channels)
     progress.checking(len(pairs))
     stat_of = _input_stats((images, masks if masks is not None else images), store)
@@ -279,6 +282,7 @@ def _write_dataset(
         for result in results_of:
             folder.record(result)
             results[result.file] = result
+        _say_auto_tiled(results.values())
         manifest = _manifest(specs, results, options, source, report)
         manifest = _with_record_tables(target, manifest, specs, results, store)
         return manifest, len(todo), len(begun), False
@@ -292,6 +296,20 @@ def _write_dataset(
             done = fill(staging, folder.staging)
         folder.replace_with(folder.staging, done[0])
     return done
+
+
+def _say_auto_tiled(results: Iterable[ShardResult]) -> None:
+    """The message for images too large for one record, tiled without --tile."""
+    count = sum(result.auto_tiled for result in results)
+    if count:
+        log.warning(
+            "%d images over Pillow's pixel limit (%d pixels) would not fit one record: each "
+            "was cut into %dx%d tiles (choose the size with --tile, see docs/large-images.md)",
+            count,
+            Image.MAX_IMAGE_PIXELS,
+            AUTO_TILE,
+            AUTO_TILE,
+        )
 
 
 def _input_stats(

@@ -20,7 +20,8 @@ from tfshards import storage
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.converters.planning import ShardSpec
-from tfshards.converters.validation import PreparedPair, pair_stage, prepare_pair
+from tfshards.converters.tiling import PairRecord, pair_records
+from tfshards.converters.validation import pair_stage, prepare_pair
 from tfshards.converters.writer import ShardWriter
 from tfshards.errors import PairError
 from tfshards.schemas import deflate
@@ -48,6 +49,7 @@ class ShardResult:
     # a table's bytes: it travels in the journal (JSON) from any runner. None in a journal
     # written before tfshards had it.
     record_table: str | None = None
+    auto_tiled: int = 0  # images too large for one record, tiled without --tile
 
     def table(self) -> RecordTable | None:
         """The shard's per-record table (its rows, in record order), if it has one."""
@@ -102,6 +104,7 @@ def _write_file(
     sizes: list[tuple[int, int]] = []
     skipped: list[SkippedPair] = []
     rows: list[RecordRow] = []
+    auto_tiled = 0
     with ShardWriter(
         out_dir / spec.file_name,
         compression=options.compression,
@@ -109,22 +112,25 @@ def _write_file(
         index=options.index,
     ) as writer:
         for pair in spec.pairs:
+            before = writer.records
             try:
-                prepared, record = _encoded(pair, options, channels, storage_options)
+                for record in pair_records(pair, options, channels, storage_options, prepare_pair):
+                    writer.write(_encoded(pair, record, options, channels))
+                    prepared = record.prepared
+                    row = record_row(prepared.key, prepared.mask, options.ignore_label)
+                    rows.append(row)
+                    class_pixels[row.class_ids] += row.class_counts
+                    if options.ignore_label is not None:
+                        class_pixels[options.ignore_label] += row.ignored_pixels
+                    if prepared.mask.shape not in sizes and len(sizes) < 2:
+                        sizes.append(prepared.mask.shape)
+                    auto_tiled += record.auto_tiled and writer.records == before + 1
             except PairError as exc:
-                if options.on_error == "fail":
-                    raise
+                if options.on_error == "fail" or writer.records > before:
+                    raise _partly_written(exc, writer.records - before) from exc
                 skipped.append(SkippedPair(exc.key, exc.path, exc.reason))
                 _report(progress, 0)
                 continue
-            writer.write(record)
-            row = record_row(prepared.key, prepared.mask, options.ignore_label)
-            rows.append(row)
-            class_pixels[row.class_ids] += row.class_counts
-            if options.ignore_label is not None:
-                class_pixels[options.ignore_label] += row.ignored_pixels
-            if prepared.mask.shape not in sizes and len(sizes) < 2:
-                sizes.append(prepared.mask.shape)
             source_bytes = len(prepared.image_source.data) + len(prepared.mask_source.data)
             _report(progress, source_bytes)
     return ShardResult(
@@ -138,14 +144,25 @@ def _write_file(
         image_sizes=sizes,
         skipped=skipped,
         record_table=base64.b64encode(RecordTable.from_rows(rows, 256).to_bytes()).decode(),
+        auto_tiled=auto_tiled,
     )
 
 
-def _encoded(
-    pair: Pair, options: ConvertOptions, channels: int, storage_options: StorageOptions = None
-) -> tuple[PreparedPair, bytes]:
-    """Decode, check and encode one pair into a record; PairError for anything wrong."""
-    prepared = prepare_pair(pair, options, channels, storage_options)
+def _partly_written(error: PairError, written: int) -> PairError:
+    """A pair that fails after some of its tiles were written cannot be skipped: its
+    shard fails (and is not published), rather than keep part of an image."""
+    if not written:
+        return error
+    reason = (
+        f"{error.reason}; {written} of its tiles were written before, so it cannot be "
+        "skipped: the shard is not written (fix or remove the file and --resume)"
+    )
+    return PairError(error.key, error.path, error.field, reason)
+
+
+def _encoded(pair: Pair, record: PairRecord, options: ConvertOptions, channels: int) -> bytes:
+    """Encode one record of a pair (prepared: decoded and checked); PairError if it fails."""
+    prepared = record.prepared
     with pair_stage(pair, pair.image, "image"):
         image, image_format = image_encoding(options.encoding).encode(
             prepared.image, prepared.image_source
@@ -155,10 +172,14 @@ def _encoded(
             prepared.mask, prepared.mask_source
         )
     height, width = prepared.mask.shape
-    record = EncodedPair(
-        prepared.key, image, image_format, height, width, channels, mask, mask_format
-    )
-    return prepared, record.to_example()
+    window = record.window
+    encoded = EncodedPair(
+        prepared.key, image, image_format, height, width, channels, mask, mask_format,
+        source=None if window is None else record.source,
+        row=0 if window is None else window.row,
+        column=0 if window is None else window.column,
+    )  # fmt: skip
+    return encoded.to_example()
 
 
 def _report(progress: ProgressCallback | None, source_bytes: int) -> None:

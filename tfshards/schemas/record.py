@@ -15,7 +15,15 @@ image/channels      int64    1 (grayscale), 3 (RGB) or 4 (RGBA)
 mask/encoded        bytes    class indices (uint8) in ``mask/format``
 mask/format         bytes    ``png``, ``raw`` or ``deflate``
 mask/channels       int64    always 1; mask height and width equal the image's
+source/key          bytes    the key of the image this record was cut from (a tile,
+                             ``schemas/tiles.py``); a whole image: its own key
+source/row          int64    the record's top row in that image (0: a whole image)
+source/column       int64    its left column; its window is (row, column,
+                             image/height, image/width)
 ==================  =======  ==================================================
+
+The three ``source/`` features are optional: records written before tiles lack them
+and read as whole images.
 
 The writer builds records with :meth:`EncodedPair.to_example`; the TF reader
 parses them with :func:`tf_feature_spec`; the checks (verify, inspect) decode a
@@ -40,11 +48,13 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class Field:
-    """One feature. ``pixels``: "image" or "mask" for the encoded pixel bytes, else None."""
+    """One feature. ``pixels``: "image" or "mask" for the encoded pixel bytes, else None.
+    ``required``: False for features that older records lack."""
 
     name: str
     kind: Literal["bytes", "int64"]
     pixels: Literal["image", "mask"] | None = None
+    required: bool = True
 
 
 FIELDS: tuple[Field, ...] = (
@@ -57,6 +67,9 @@ FIELDS: tuple[Field, ...] = (
     Field("mask/encoded", "bytes", pixels="mask"),
     Field("mask/format", "bytes"),
     Field("mask/channels", "int64"),
+    Field("source/key", "bytes", required=False),
+    Field("source/row", "int64", required=False),
+    Field("source/column", "int64", required=False),
 )
 
 
@@ -72,6 +85,9 @@ class EncodedPair:
     channels: int
     mask: bytes
     mask_format: str
+    source: str | None = None  # a tile's source key (None: the record is a whole image)
+    row: int = 0  # the tile's window in its source
+    column: int = 0
 
     def to_example(self) -> bytes:
         values: dict[str, bytes | int] = {
@@ -84,6 +100,9 @@ class EncodedPair:
             "mask/encoded": self.mask,
             "mask/format": self.mask_format.encode(),
             "mask/channels": 1,
+            "source/key": os.fsencode(self.key if self.source is None else self.source),
+            "source/row": self.row,
+            "source/column": self.column,
         }
         return serialize_example({field.name: values[field.name] for field in FIELDS})
 
@@ -130,7 +149,7 @@ def decode_mask(features: Mapping[str, bytes | int | None]) -> tuple[str, np.nda
 
 
 def _check_features(features: Mapping[str, bytes | int | None]) -> None:
-    missing = [f.name for f in FIELDS if features.get(f.name) is None]
+    missing = [f.name for f in FIELDS if f.required and features.get(f.name) is None]
     if missing:
         raise ValueError(f"missing features {missing}")
 

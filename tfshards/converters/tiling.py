@@ -1,0 +1,170 @@
+"""The records of one pair: the pair whole, or its tiles (docs/large-images.md).
+
+- ``tile_size`` given: every pair is cut into tiles (``schemas/tiles.py``): each tile a
+  record keyed ``<key>@r<row>_c<column>``, in grid order, holding its source key and
+  window. An image smaller than the tile along an axis holds one tile of its own length
+  there (``tile_smaller="keep"``), or fails its pair (``"fail"``).
+- No ``tile_size``: a pair is one record, unless its image has more pixels than Pillow's
+  limit (``PIL.Image.MAX_IMAGE_PIXELS``, about 89 million: such an image decoded whole
+  would be refused as a decompression bomb, and as one record it would be hundreds of
+  MB to read for every crop). Then it is cut into ``AUTO_TILE`` tiles without overlap,
+  and the conversion says so (``convert.py``). Nothing that fits on disk is refused.
+
+All tiles of a pair go to the pair's shard, one after another: the shard job stays the
+unit of crash safety and ``--resume``, a pair's split follows its key (no tile of an
+image in train and another in val), and each source is opened and decoded once.
+Tiles are all kept, background or not: sampling weighs them from the per-record table
+(docs/large-images.md says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from PIL import Image
+
+from tfshards.converters.options import ConvertOptions
+from tfshards.converters.pairing import Pair
+from tfshards.converters.validation import PreparedPair, checked_pixels, prepare_pair
+from tfshards.converters.windows import WindowError, header_size, window_source
+from tfshards.errors import PairError
+from tfshards.schemas.format import SourceFile
+from tfshards.schemas.tiles import Window, grid_windows, tile_key
+from tfshards.storage import Location, StorageOptions
+
+AUTO_TILE = 1024  # tiles of an image too large for one record, when no tile size is given
+_NO_SOURCE = SourceFile(b"", "", False)  # a tile's pixels are encoded anew
+
+
+@dataclass(frozen=True)
+class PairRecord:
+    """One record of a pair: the pair whole (``window`` None) or one of its tiles."""
+
+    prepared: PreparedPair
+    source: str
+    window: Window | None = None
+    auto_tiled: bool = False  # a tile of an image too large for one record
+
+
+def pair_records(
+    pair: Pair,
+    options: ConvertOptions,
+    channels: int,
+    store: StorageOptions = None,
+    prepare: Callable[..., PreparedPair] = prepare_pair,
+) -> Iterator[PairRecord]:
+    """The records of ``pair``, in order; PairError (naming the file) for a bad pair.
+    ``prepare``: how a whole pair is decoded and checked (``validation.prepare_pair``)."""
+    if options.tile_size is not None:
+        yield from _tiles(pair, options, channels, store, options.tile_size, options.tile_overlap)
+        return
+    if not _too_large(pair, pair.image, store):
+        try:
+            prepared = prepare(pair, options, channels, store)
+        except PairError as exc:
+            if not _over_pixel_limit(exc):
+                raise
+        else:
+            yield PairRecord(prepared, pair.key)
+            return
+    for record in _tiles(pair, options, channels, store, AUTO_TILE, 0):
+        yield PairRecord(record.prepared, record.source, record.window, auto_tiled=True)
+
+
+def _tiles(
+    pair: Pair,
+    options: ConvertOptions,
+    channels: int,
+    store: StorageOptions,
+    tile: int,
+    overlap: int,
+) -> Iterator[PairRecord]:
+    limit = options.decode_limit
+    with (
+        _opened(pair, pair.image, "image", limit, store) as image,
+        _opened(pair, pair.mask, "mask", limit, store) as mask,
+    ):
+        _check_sizes(pair, image, mask, tile, options.tile_smaller)
+        for window in grid_windows(image.height, image.width, tile, overlap):
+            with _stage(pair, pair.image, "image"):
+                image_window = image.read(window)
+            with _stage(pair, pair.mask, "mask"):
+                mask_window = mask.read(window)
+            pixels, labels = checked_pixels(pair, image_window, mask_window, options, channels)
+            prepared = PreparedPair(
+                tile_key(pair.key, window), pixels, labels, _NO_SOURCE, _NO_SOURCE
+            )
+            yield PairRecord(prepared, pair.key, window)
+
+
+def _check_sizes(pair: Pair, image, mask, tile: int, smaller: str) -> None:
+    if (image.height, image.width) != (mask.height, mask.width):
+        raise PairError(
+            pair.key,
+            str(pair.mask),
+            "mask",
+            f"mask is {mask.height}x{mask.width} (HxW) but image {pair.image} is "
+            f"{image.height}x{image.width}",
+        )
+    if smaller == "fail" and min(image.height, image.width) < tile:
+        raise PairError(
+            pair.key,
+            str(pair.image),
+            "image",
+            f"image is {image.height}x{image.width} (HxW), smaller than the tile size {tile} "
+            "(--tile-smaller fail); with --tile-smaller keep it is one tile of its own size",
+        )
+
+
+class _stage:
+    """Errors while reading one file's windows become the pair's PairError."""
+
+    def __init__(self, pair: Pair, path: Location, field: str) -> None:
+        self.pair, self.path, self.field = pair, path, field
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:  # noqa: ANN001 - the protocol's
+        if (
+            exc is None
+            or isinstance(exc, PairError | MemoryError)
+            or not isinstance(exc, Exception)
+        ):
+            return False
+        reason = str(exc) if isinstance(exc, WindowError) else f"{type(exc).__name__}: {exc}"
+        raise PairError(self.pair.key, str(self.path), self.field, reason) from exc
+
+
+class _opened:
+    """A window source for one file of a pair, its failures the pair's PairError."""
+
+    def __init__(
+        self, pair: Pair, path: Location, field: str, limit: int, store: StorageOptions
+    ) -> None:
+        self.stage = _stage(pair, path, field)
+        self.context = window_source(path, limit, store)
+
+    def __enter__(self):
+        with self.stage:
+            return self.context.__enter__()
+
+    def __exit__(self, kind, exc, traceback) -> bool:  # noqa: ANN001 - the protocol's
+        return bool(self.context.__exit__(kind, exc, traceback))
+
+
+def _too_large(pair: Pair, path: Location, store: StorageOptions) -> bool:
+    """A TIFF over Pillow's pixel limit, known from its header (it is not read whole)."""
+    if not str(path).lower().endswith((".tif", ".tiff")) or Image.MAX_IMAGE_PIXELS is None:
+        return False
+    with _stage(pair, path, "image"):
+        height, width = header_size(path, store)
+    return height * width > Image.MAX_IMAGE_PIXELS
+
+
+def _over_pixel_limit(error: PairError) -> bool:
+    cause = error.__cause__
+    return error.field == "image" and isinstance(
+        cause, Image.DecompressionBombError | Image.DecompressionBombWarning
+    )
