@@ -250,6 +250,10 @@ def _opened_tiff(path: Location, store: StorageOptions) -> Iterator[Any]:
     with storage.open_file(path, "rb", store) as handle:
         try:
             tiff = tifffile.TiffFile(handle)
+            if not len(tiff.pages):
+                tiff.close()
+                raise ValueError("it holds no image")
+            tiff.pages.first  # noqa: B018 - read now: a broken first page is the file's error
         except Exception as exc:  # noqa: BLE001 - tifffile's errors for a broken header
             raise WindowError(f"not a readable TIFF ({type(exc).__name__}: {exc})") from exc
         with tiff:
