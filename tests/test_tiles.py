@@ -294,14 +294,19 @@ def test_a_corrupt_segment_after_tiles_were_written_fails_the_shard_even_with_sk
 
 def test_a_png_over_the_decode_limit_is_refused_before_decoding_naming_the_limit(tmp_path):
     images, masks = write_pairs(tmp_path / "data", 2, size=(70, 100))
-    with pytest.raises(PairError, match=r"000\.png: 70x100 \(HxW\) decoded whole takes 0\.00 GiB, "
-                       r"over the decode limit of 0\.00 GiB \(--decode-limit"):  # fmt: skip
+    with pytest.raises(PairError, match=r"000\.png: 70x100 \(HxW\) decoded at once takes 0\.00 "
+                       r"GiB, over the decode limit of 0\.00 GiB \(--decode-limit"):  # fmt: skip
         tfshards.convert(images, masks, tmp_path / "out", tile_size=32, decode_limit=20000,
                          **RUN)  # fmt: skip
     # the same pixels as a tiled TIFF are read by windows, within any limit
     tiffs, tiff_masks = _tiff_pairs(tmp_path / "tiffs", 2, tile=(16, 16))
     tfshards.convert(tiffs, tiff_masks, tmp_path / "tiff-out", tile_size=32, decode_limit=20000,
                      **RUN)  # fmt: skip
+    # a TIFF of one strip is decoded whole: the limit applies
+    one_strip, one_strip_masks = _tiff_pairs(tmp_path / "strip", 1, rowsperstrip=70)
+    with pytest.raises(PairError, match=r"000\.tif: 70x100 \(HxW\) decoded at once"):
+        tfshards.convert(one_strip, one_strip_masks, tmp_path / "strip-out", tile_size=32,
+                         decode_limit=20000, **RUN)  # fmt: skip
 
 
 def test_resume_finishes_an_interrupted_tiled_conversion_with_the_same_bytes(tmp_path):
@@ -441,3 +446,6 @@ def test_the_table_covers_tiles_so_sampling_by_class_picks_tiles_holding_it(tmp_
     holding = {table.keys[i] for i in table.records_with(2)}
     assert holding == {"a@r32_c64"}
     assert table.class_pixels[:, 2].sum() == 100
+    pairs = tfshards.Pairs(tmp_path / "out", with_keys=True)  # tiles train as any record
+    image, labels, key = pairs[table.records_with(2)[0]]
+    assert key == "a@r32_c64" and image.shape == (32, 32, 3) and labels[8:18, 6:16].min() == 2

@@ -68,7 +68,7 @@ def window_source(
         with _opened_tiff(path, store) as tiff:
             page = tiff.pages.first
             if page.planarconfig == 1 or page.samplesperpixel == 1:
-                yield TiffWindows(tiff, page, _file_size(path, store))
+                yield TiffWindows(tiff, page, _file_size(path, store), limit)
             else:
                 yield WholeImage(_tiff_pixels(page, path, limit))
         return
@@ -92,7 +92,7 @@ class WholeImage:
 class TiffWindows:
     """Windows of a tiled or striped TIFF page, decoded segment by segment."""
 
-    def __init__(self, tiff: Any, page: Any, file_bytes: int | None) -> None:
+    def __init__(self, tiff: Any, page: Any, file_bytes: int | None, limit: int) -> None:
         self.tiff, self.page = tiff, page
         self.height, self.width = int(page.imagelength), int(page.imagewidth)
         self.samples = int(page.samplesperpixel)
@@ -104,6 +104,9 @@ class TiffWindows:
         self.decode = page.decode
         self.cache: dict[int, np.ndarray | None] = {}
         _check_segments(page, file_bytes)
+        # One strip of a whole image (a TIFF written without tiles or strips) is decoded
+        # whole: the decode limit applies to it.
+        _check_limit(self.seg_height, self.seg_width, self.samples * page.dtype.itemsize, limit)
 
     def read(self, window: Window) -> Image.Image:
         out = np.zeros((window.height, window.width, self.samples), self.page.dtype)
@@ -185,8 +188,8 @@ def _as_image(pixels: np.ndarray) -> Image.Image:
 
 def _tiff_pixels(page: Any, path: Location, limit: int) -> Image.Image:
     """A TIFF page that cannot be read by windows (separate planes), decoded whole."""
-    _check_limit(path, page.imagelength, page.imagewidth, page.samplesperpixel *
-                 page.dtype.itemsize, limit)  # fmt: skip
+    _check_limit(page.imagelength, page.imagewidth, page.samplesperpixel * page.dtype.itemsize,
+                 limit)  # fmt: skip
     pixels = page.asarray()
     if pixels.ndim == 3 and pixels.shape[0] == page.samplesperpixel:  # separate: planes first
         pixels = np.moveaxis(pixels, 0, -1)
@@ -198,21 +201,21 @@ def _pillow_image(path: Location, limit: int, store: StorageOptions) -> Image.Im
         image = Image.open(handle)
         bands = len(image.getbands())
         depth = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
-        _check_limit(path, image.height, image.width, bands * depth, limit)
+        _check_limit(image.height, image.width, bands * depth, limit)
         image.load()
     if image.getexif().get(0x0112, 1) not in (1, None):
         image = ImageOps.exif_transpose(image)  # as validation.py does for whole pairs
     return image
 
 
-def _check_limit(path: Location, height: int, width: int, pixel_bytes: int, limit: int) -> None:
-    """Checked before decoding: the decoded pixels must fit the stated bound."""
+def _check_limit(height: int, width: int, pixel_bytes: int, limit: int) -> None:
+    """Checked before decoding: the pixels decoded at once must fit the stated bound."""
     needed = int(height) * int(width) * int(pixel_bytes)
     if needed > limit:
         raise WindowError(
-            f"{height}x{width} (HxW) decoded whole takes {_gib(needed)}, over the decode "
-            f"limit of {_gib(limit)} ({LIMIT_OPTION}); this format is decoded whole: save it "
-            "as a tiled TIFF (read by windows) or raise the limit"
+            f"{height}x{width} (HxW) decoded at once takes {_gib(needed)}, over the decode "
+            f"limit of {_gib(limit)} ({LIMIT_OPTION}); this file is decoded whole (or in "
+            "strips this large): save it as a tiled TIFF (read by windows) or raise the limit"
         )
 
 

@@ -15,15 +15,15 @@ image/channels      int64    1 (grayscale), 3 (RGB) or 4 (RGBA)
 mask/encoded        bytes    class indices (uint8) in ``mask/format``
 mask/format         bytes    ``png``, ``raw`` or ``deflate``
 mask/channels       int64    always 1; mask height and width equal the image's
-source/key          bytes    the key of the image this record was cut from (a tile,
-                             ``schemas/tiles.py``); a whole image: its own key
-source/row          int64    the record's top row in that image (0: a whole image)
+source/key          bytes    a tile's source: the key of the image it was cut from
+                             (``schemas/tiles.py``)
+source/row          int64    the tile's top row in that image
 source/column       int64    its left column; its window is (row, column,
                              image/height, image/width)
 ==================  =======  ==================================================
 
-The three ``source/`` features are optional: records written before tiles lack them
-and read as whole images.
+The three ``source/`` features are written for tiles only: a record without them is a
+whole image (its window is the image), byte for byte as before tiles existed.
 
 The writer builds records with :meth:`EncodedPair.to_example`; the TF reader
 parses them with :func:`tf_feature_spec`; the checks (verify, inspect) decode a
@@ -100,11 +100,13 @@ class EncodedPair:
             "mask/encoded": self.mask,
             "mask/format": self.mask_format.encode(),
             "mask/channels": 1,
-            "source/key": os.fsencode(self.key if self.source is None else self.source),
-            "source/row": self.row,
-            "source/column": self.column,
         }
-        return serialize_example({field.name: values[field.name] for field in FIELDS})
+        if self.source is not None:  # a tile; a whole image's record is as it always was
+            values.update(
+                {"source/key": os.fsencode(self.source), "source/row": self.row,
+                 "source/column": self.column}
+            )  # fmt: skip
+        return serialize_example({f.name: values[f.name] for f in FIELDS if f.name in values})
 
 
 def schema_description() -> list[dict[str, str]]:
