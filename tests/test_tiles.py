@@ -449,3 +449,18 @@ def test_the_table_covers_tiles_so_sampling_by_class_picks_tiles_holding_it(tmp_
     pairs = tfshards.Pairs(tmp_path / "out", with_keys=True)  # tiles train as any record
     image, labels, key = pairs[table.records_with(2)[0]]
     assert key == "a@r32_c64" and image.shape == (32, 32, 3) and labels[8:18, 6:16].min() == 2
+
+
+def test_a_large_tiff_mask_is_sampled_by_a_window_before_converting(tmp_path, monkeypatch):
+    from tfshards.converters import mask_values
+
+    images, masks = _tiff_pairs(tmp_path / "data", 2, size=(64, 64), tile=(16, 16))
+    for index in range(2):
+        tifffile.imwrite(masks / f"{index:03d}.tif", np.where(np.eye(64) > 0, 255, 0).astype(
+            np.uint8), tile=(16, 16))  # fmt: skip
+    monkeypatch.setattr(mask_values, "SAMPLE_PIXELS", 1000)  # 64x64 masks are "large" now
+    with pytest.raises(mask_values.MaskValuesError, match="the values 0 and 255"):
+        tfshards.convert(images, masks, tmp_path / "out", tile_size=32, **RUN)
+    assert np.array_equal(
+        mask_values.middle_window(masks / "000.tif", size=8), np.where(np.eye(8) > 0, 255, 0)
+    )

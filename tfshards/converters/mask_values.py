@@ -21,10 +21,12 @@ from PIL import Image
 from tfshards import storage
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
+from tfshards.converters.windows import middle_window
 from tfshards.errors import TfshardsError
 from tfshards.storage import StorageOptions
 
 SAMPLE_MASKS = 16
+SAMPLE_PIXELS = 2**24  # a larger mask is sampled by a window (TIFF) or not at all
 # More distinct values than this in the sampled masks, or more than _SPREAD_VALUES spread
 # over most of 0..255, look like photos rather than label maps (ADE20K has 151 classes:
 # such datasets say so with --num-classes).
@@ -49,7 +51,10 @@ def sample_mask_values(
                 storage.open_file(pair.mask, "rb", storage_options) as handle,
                 Image.open(handle) as mask,
             ):
-                pixels = np.asarray(mask if mask.mode in ("L", "P", "1") else mask.convert("L"))
+                if mask.width * mask.height > SAMPLE_PIXELS:  # a slide's mask: a window of it
+                    pixels = middle_window(pair.mask, storage_options)
+                else:
+                    pixels = np.asarray(mask if mask.mode in ("L", "P", "1") else mask.convert("L"))
         except Exception:  # noqa: BLE001 - the conversion reports unreadable files per pair
             continue
         values.update(int(v) for v in np.unique(pixels))

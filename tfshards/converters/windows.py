@@ -75,6 +75,20 @@ def window_source(
     yield WholeImage(_pillow_image(path, limit, store))
 
 
+def middle_window(path: Location, store: StorageOptions = None, size: int = 1024) -> np.ndarray:
+    """Pixels of a ``size`` x ``size`` window in the middle of a large tiled or striped TIFF,
+    read by windows (a sample of a mask too large to decode); WindowError for any other
+    file, which would be decoded whole."""
+    if not _is_tiff(path) or _tifffile() is None:
+        raise WindowError("only TIFFs are sampled by windows")
+    with window_source(path, 2**28, store) as source:
+        if not isinstance(source, TiffWindows):
+            raise WindowError("its samples are separate planes")
+        height, width = min(size, source.height), min(size, source.width)
+        window = Window((source.height - height) // 2, (source.width - width) // 2, height, width)
+        return np.asarray(source.read(window))
+
+
 class WholeImage:
     """An image decoded once; windows are crops of it."""
 
