@@ -464,3 +464,54 @@ def test_a_large_tiff_mask_is_sampled_by_a_window_before_converting(tmp_path, mo
     assert np.array_equal(
         mask_values.middle_window(masks / "000.tif", size=8), np.where(np.eye(8) > 0, 255, 0)
     )
+
+
+def _shard_of_each_key(out: Path) -> dict[str, str]:
+    from tfshards.schemas.manifest import Manifest
+    from tfshards.schemas.tfrecord import iter_records
+
+    found = {}
+    for split in Manifest.load(out).splits.values():
+        for shard in split.shards:
+            with open(out / shard.file, "rb") as stream:
+                for data in iter_records(stream):
+                    found[parse_example(data)["key"].decode()] = shard.file
+    return found
+
+
+def test_a_large_tiff_is_cut_into_bands_of_tile_rows_written_by_several_shards(tmp_path):
+    images, masks = _tiff_pairs(tmp_path / "data", 2, tile=(16, 16))
+    png_images, png_masks = write_pairs(tmp_path / "png", 1, size=(70, 100))
+    os.rename(png_images / "000.png", images / "png.png")
+    os.rename(png_masks / "000.png", masks / "png.png")
+    settings = {"tile_size": 32, "tile_overlap": 8, "num_classes": 3, **RUN}
+    # shards of a few bytes: one band of tile rows per unit of the plan
+    tfshards.convert(images, masks, tmp_path / "bands", shard_size=1, **settings)
+    tfshards.convert(images, masks, tmp_path / "whole", **settings)
+    where = _shard_of_each_key(tmp_path / "bands")
+    assert sorted(where) == sorted(_shard_of_each_key(tmp_path / "whole"))
+    assert len({where[k] for k in where if k.startswith("000@")}) == 3  # 3 rows, 3 shards
+    assert len({where[k] for k in where if k.startswith("png@")}) == 1  # decoded whole: once
+    _check_tiles_are_windows(tmp_path / "bands", images, masks, 32, 8)
+    for source in ("000", "001", "png"):
+        tiles = tfshards.tiles(tmp_path / "bands", source=source)
+        stitcher = tfshards.Stitcher(tiles.height, tiles.width, classes=3)
+        for tile in tiles:
+            stitcher.add(tile.window, tile.mask)
+        assert np.array_equal(stitcher.finish(), _source(masks, source))
+
+
+def test_a_band_of_a_cut_image_that_fails_is_not_skipped(tmp_path):
+    images, masks = _tiff_pairs(tmp_path / "data", 2, size=(64, 64), tile=(16, 16),
+                                compression="zlib")  # fmt: skip
+    with tifffile.TiffFile(images / "001.tif") as tiff:
+        offset, count = tiff.pages.first.dataoffsets[8], tiff.pages.first.databytecounts[8]
+    data = bytearray((images / "001.tif").read_bytes())
+    data[offset : offset + count] = b"\x00" * count  # in the second band's first tile
+    (images / "001.tif").write_bytes(bytes(data))
+    with pytest.raises(PairError, match=r"001\.tif: segment 8 does not decode .*; its image is "
+                       r"cut into bands of tile rows written by several shards, so it cannot be "
+                       r"skipped"):  # fmt: skip
+        tfshards.convert(images, masks, tmp_path / "out", tile_size=32, shard_size=1,
+                         on_error="skip", **RUN)  # fmt: skip
+    _nothing_published(tmp_path / "out")

@@ -35,7 +35,7 @@ from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
 )
-from tfshards.converters.tiling import AUTO_TILE
+from tfshards.converters.tiling import AUTO_TILE, planned_bands
 from tfshards.converters.validation import image_channels
 from tfshards.converters.windows import no_pixel_limit
 from tfshards.errors import OptionsError, OutputError, PairingError
@@ -217,15 +217,21 @@ def _plan(
     progress.checking(len(pairs))
     stat_of = _input_stats((images, masks if masks is not None else images), store)
     fingerprint, file_bytes = _scan_files(pairs, options, stat_of, progress.bar.update)
+    units, bands = pairs, None
+    if options.tile_size is None:
+        unit_bytes = _estimated_pair_bytes(pairs, file_bytes, options, channels, store)
+    else:  # tiles: a large image's bands of tile rows are units of their own (tiling.py)
+        units, bands, unit_bytes = planned_bands(pairs, options, channels, store)
     specs = plan_shards(
-        pairs,
+        units,
         seed=options.seed,
         val_fraction=options.val_fraction,
         test_fraction=options.test_fraction,
         compression=options.compression,
         num_shards=options.num_shards,
         shard_size=options.shard_size,
-        pair_bytes=_estimated_pair_bytes(pairs, file_bytes, options, channels, store),
+        pair_bytes=unit_bytes,
+        bands=bands,
     )
     del file_bytes
     release_freed_memory()

@@ -20,7 +20,7 @@ from tfshards import storage
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.converters.planning import ShardSpec
-from tfshards.converters.tiling import PairRecord, pair_records
+from tfshards.converters.tiling import WHOLE, PairRecord, pair_records
 from tfshards.converters.validation import pair_stage, prepare_pair
 from tfshards.converters.writer import ShardWriter
 from tfshards.errors import PairError
@@ -111,10 +111,14 @@ def _write_file(
         level=options.compression_level,
         index=options.index,
     ) as writer:
-        for pair in spec.pairs:
+        for number, pair in enumerate(spec.pairs):
             before = writer.records
+            band = None if spec.bands is None else tuple(spec.bands[number].tolist())
+            band = None if band == WHOLE else band
             try:
-                for record in pair_records(pair, options, channels, storage_options, prepare_pair):
+                for record in pair_records(
+                    pair, options, channels, storage_options, prepare_pair, band
+                ):
                     writer.write(_encoded(pair, record, options, channels))
                     prepared = record.prepared
                     row = record_row(prepared.key, prepared.mask, options.ignore_label)
@@ -126,8 +130,9 @@ def _write_file(
                         sizes.append(prepared.mask.shape)
                     auto_tiled += record.auto_tiled and writer.records == before + 1
             except PairError as exc:
-                if options.on_error == "fail" or writer.records > before:
-                    raise _partly_written(exc, writer.records - before) from exc
+                shared = _shared(spec, number)
+                if options.on_error == "fail" or writer.records > before or shared:
+                    raise _unskippable(exc, writer.records - before, shared) from exc
                 skipped.append(SkippedPair(exc.key, exc.path, exc.reason))
                 _report(progress, 0)
                 continue
@@ -148,14 +153,26 @@ def _write_file(
     )
 
 
-def _partly_written(error: PairError, written: int) -> PairError:
-    """A pair that fails after some of its tiles were written cannot be skipped: its
-    shard fails (and is not published), rather than keep part of an image."""
-    if not written:
+def _shared(spec: ShardSpec, number: int) -> bool:
+    """Whether entry ``number`` of the shard is one band of a pair cut into several (its
+    other bands go to other shards: skipping this one would keep part of the image)."""
+    return spec.bands is not None and tuple(spec.bands[number].tolist()) != WHOLE
+
+
+def _unskippable(error: PairError, written: int, shared: bool) -> PairError:
+    """A pair that fails after some of its tiles were written, or one band of a pair cut
+    into several (``tiling.planned_bands``), cannot be skipped: its shard fails (and is not
+    published) rather than keep part of an image."""
+    if not (written or shared):
         return error
+    why = (
+        "its image is cut into bands of tile rows written by several shards"
+        if shared
+        else f"{written} of its tiles were written before"
+    )
     reason = (
-        f"{error.reason}; {written} of its tiles were written before, so it cannot be "
-        "skipped: the shard is not written (fix or remove the file and --resume)"
+        f"{error.reason}; {why}, so it cannot be skipped: the shard is not written (fix or "
+        "remove the file and --resume)"
     )
     return PairError(error.key, error.path, error.field, reason)
 

@@ -10,9 +10,11 @@
   MB to read for every crop). Then it is cut into ``AUTO_TILE`` tiles without overlap,
   and the conversion says so (``convert.py``). Nothing that fits on disk is refused.
 
-All tiles of a pair go to the pair's shard, one after another: the shard job stays the
-unit of crash safety and ``--resume``, a pair's split follows its key (no tile of an
-image in train and another in val), and each source is opened and decoded once.
+A pair's split follows its key (no tile of an image in train and another in val). The
+tiles of a pair go to its shard, one after another, except for an image and mask read
+by windows, cut into bands of tile rows (:func:`planned_bands`) so that several shard
+jobs convert one large image; an image decoded whole is one unit, decoded once. The
+shard job stays the unit of crash safety and ``--resume``.
 Tiles are all kept, background or not: sampling weighs them from the per-record table
 (docs/large-images.md says why).
 """
@@ -22,18 +24,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 
 from tfshards.converters.options import ConvertOptions
+from tfshards.converters.pair_table import PairTable
 from tfshards.converters.pairing import Pair
 from tfshards.converters.validation import PreparedPair, checked_pixels, prepare_pair
-from tfshards.converters.windows import WindowError, header_size, window_source
+from tfshards.converters.windows import WindowError, header, window_source
 from tfshards.errors import PairError
 from tfshards.schemas.format import SourceFile
-from tfshards.schemas.tiles import Window, grid_windows, tile_key
+from tfshards.schemas.tiles import Window, axis_starts, grid_windows, tile_key
 from tfshards.storage import Location, StorageOptions
 
 AUTO_TILE = 1024  # tiles of an image too large for one record, when no tile size is given
+WHOLE = (0, 2**31)  # the band of every tile row: a pair not cut into bands
 _NO_SOURCE = SourceFile(b"", "", False)  # a tile's pixels are encoded anew
 
 
@@ -53,11 +58,14 @@ def pair_records(
     channels: int,
     store: StorageOptions = None,
     prepare: Callable[..., PreparedPair] = prepare_pair,
+    band: tuple[int, int] | None = None,
 ) -> Iterator[PairRecord]:
     """The records of ``pair``, in order; PairError (naming the file) for a bad pair.
-    ``prepare``: how a whole pair is decoded and checked (``validation.prepare_pair``)."""
+    ``prepare``: how a whole pair is decoded and checked (``validation.prepare_pair``).
+    ``band``: only the tiles of these grid rows [first, end) (see :func:`planned_bands`)."""
     if options.tile_size is not None:
-        yield from _tiles(pair, options, channels, store, options.tile_size, options.tile_overlap)
+        tile, overlap = options.tile_size, options.tile_overlap
+        yield from _tiles(pair, options, channels, store, tile, overlap, band)
         return
     if not _too_large(pair, pair.image, store):
         try:
@@ -79,6 +87,7 @@ def _tiles(
     store: StorageOptions,
     tile: int,
     overlap: int,
+    band: tuple[int, int] | None = None,
 ) -> Iterator[PairRecord]:
     limit = options.decode_limit
     with (
@@ -86,7 +95,10 @@ def _tiles(
         _opened(pair, pair.mask, "mask", limit, store) as mask,
     ):
         _check_sizes(pair, image, mask, tile, options.tile_smaller)
-        for window in grid_windows(image.height, image.width, tile, overlap):
+        rows = axis_starts(image.height, tile, overlap)
+        if band is not None:
+            rows = rows[band[0] : band[1]]
+        for window in grid_windows(image.height, image.width, tile, overlap, rows=rows):
             with _stage(pair, pair.image, "image"):
                 image_window = image.read(window)
             with _stage(pair, pair.mask, "mask"):
@@ -159,7 +171,7 @@ def _too_large(pair: Pair, path: Location, store: StorageOptions) -> bool:
     if not str(path).lower().endswith((".tif", ".tiff")) or Image.MAX_IMAGE_PIXELS is None:
         return False
     with _stage(pair, path, "image"):
-        height, width = header_size(path, store)
+        height, width, _ = header(path, store)
     return height * width > Image.MAX_IMAGE_PIXELS
 
 
@@ -167,4 +179,38 @@ def _over_pixel_limit(error: PairError) -> bool:
     cause = error.__cause__
     return error.field == "image" and isinstance(
         cause, Image.DecompressionBombError | Image.DecompressionBombWarning
+    )
+
+
+def planned_bands(
+    pairs: PairTable, options: ConvertOptions, channels: int, store: StorageOptions = None
+) -> tuple[PairTable, np.ndarray, np.ndarray]:
+    """The units of a tiled conversion's plan: (pairs, each one's band of tile rows
+    [first, end), its estimated bytes), a pair listed once per band.
+
+    A pair whose image and mask are both read by windows (``converters/windows.py``) is
+    cut into bands of tile rows of about ``shard_size`` bytes each, so that the shards
+    of one large image are written by all the workers; any other pair (decoded whole, or
+    unreadable: its shard reports it) is one unit. Sizes come from the headers alone.
+    """
+    units, bands, sizes = [], [], []
+    tile, overlap = options.tile_size, options.tile_overlap
+    for index, pair in enumerate(pairs):
+        try:
+            height, width, windowed = header(pair.image, store)
+            windowed = windowed and header(pair.mask, store)[2]
+        except Exception:  # noqa: BLE001 - an unreadable file fails its pair when converted
+            units.append(index), bands.append(WHOLE), sizes.append(tile * tile * 4)
+            continue
+        rows = len(axis_starts(height, tile, overlap))
+        row_bytes = min(tile, height) * width * (channels + 1)
+        step = rows if not windowed else max(1, options.shard_size // max(row_bytes, 1))
+        for first in range(0, rows, step):
+            end = min(first + step, rows)
+            units.append(index), sizes.append(row_bytes * (end - first))
+            bands.append(WHOLE if step >= rows else (first, end))
+    return (
+        pairs.subset(np.asarray(units, np.int64)),
+        np.asarray(bands, np.int64).reshape(-1, 2),
+        np.asarray(sizes, np.int64),
     )

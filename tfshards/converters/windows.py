@@ -45,18 +45,19 @@ class WindowSource(Protocol):
     def read(self, window: Window) -> Image.Image: ...
 
 
-def header_size(path: Location, store: StorageOptions = None) -> tuple[int, int]:
-    """(height, width) of an image from its header alone (nothing decoded)."""
+def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool]:
+    """(height, width, read by windows?) of an image from its header alone."""
     if _is_tiff(path) and _tifffile() is not None:
         with _opened_tiff(path, store) as tiff:
             page = tiff.pages.first
-            return int(page.imagelength), int(page.imagewidth)
+            windowed = page.planarconfig == 1 or page.samplesperpixel == 1
+            return int(page.imagelength), int(page.imagewidth), windowed
     with (
         storage.open_file(path, "rb", store) as handle,
         no_pixel_limit(),
         Image.open(handle) as image,
     ):
-        return image.height, image.width
+        return image.height, image.width, False
 
 
 @contextlib.contextmanager

@@ -84,8 +84,11 @@ def axis_starts(length: int, tile: int, overlap: int) -> list[int]:
     return starts
 
 
-def grid_windows(height: int, width: int, tile: int, overlap: int) -> list[Window]:
-    """The windows covering a ``height`` x ``width`` image, in grid order.
+def grid_windows(
+    height: int, width: int, tile: int, overlap: int, *, rows: list[int] | None = None
+) -> list[Window]:
+    """The windows covering a ``height`` x ``width`` image, in grid order (``rows``: only
+    the windows starting at these rows, a band of ``axis_starts(height, ...)``).
 
     >>> [(w.row, w.column) for w in grid_windows(70, 100, 32, 8)][:4]
     [(0, 0), (0, 24), (0, 48), (0, 68)]
@@ -93,7 +96,7 @@ def grid_windows(height: int, width: int, tile: int, overlap: int) -> list[Windo
     tile_height, tile_width = min(tile, height), min(tile, width)
     return [
         Window(row, column, tile_height, tile_width)
-        for row in axis_starts(height, tile, overlap)
+        for row in (axis_starts(height, tile, overlap) if rows is None else rows)
         for column in axis_starts(width, tile, overlap)
     ]
 
