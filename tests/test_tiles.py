@@ -515,3 +515,11 @@ def test_a_band_of_a_cut_image_that_fails_is_not_skipped(tmp_path):
         tfshards.convert(images, masks, tmp_path / "out", tile_size=32, shard_size=1,
                          on_error="skip", **RUN)  # fmt: skip
     _nothing_published(tmp_path / "out")
+
+
+def test_tiles_of_an_untiled_image_is_its_one_record(tmp_path):
+    images, masks = write_pairs(tmp_path / "data", 2, size=(24, 32))
+    tfshards.convert(images, masks, tmp_path / "out", **RUN)
+    tiles = tfshards.tiles(tmp_path / "out", source="001")
+    assert tiles.windows == [Window(0, 0, 24, 32)] and tiles[0].key == "001"
+    assert np.array_equal(tiles[0].mask, _source(masks, "001"))

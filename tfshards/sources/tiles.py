@@ -120,8 +120,14 @@ def tiles(
 
 def _check_window(features: dict, source: str, window: Window, where: str) -> None:
     """The record's own source features, where it has them, agree with its key."""
-    if features.get("source/key") is None:
-        return  # written before records held their window: the key alone says it
+    if features.get("source/key") is None:  # a whole image
+        key = os.fsdecode(features["key"])
+        if key != source or (window.row, window.column) != (0, 0):
+            raise RecordTableError(
+                f"{where}: record {key!r} is a whole image, not a tile of {source!r} (a "
+                "source key that looks like a tile's)"
+            )
+        return
     held = (
         os.fsdecode(features["source/key"]),
         int(features["source/row"]),
