@@ -119,7 +119,13 @@ def tf_feature_spec() -> dict:
     import tensorflow as tf
 
     dtypes = {"bytes": tf.string, "int64": tf.int64}
-    return {field.name: tf.io.FixedLenFeature([], dtypes[field.kind]) for field in FIELDS}
+    absent = {"bytes": b"", "int64": 0}  # an optional feature a record lacks (not a tile)
+    return {
+        field.name: tf.io.FixedLenFeature(
+            [], dtypes[field.kind], None if field.required else absent[field.kind]
+        )
+        for field in FIELDS
+    }
 
 
 @dataclass(frozen=True)
