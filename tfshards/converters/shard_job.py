@@ -137,7 +137,7 @@ def _write_file(
                 _report(progress, 0)
                 continue
             source_bytes = len(prepared.image_source.data) + len(prepared.mask_source.data)
-            _report(progress, source_bytes)
+            _report(progress, record.source_bytes or source_bytes)
     return ShardResult(
         file=spec.file_name,
         split=spec.split,

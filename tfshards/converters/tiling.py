@@ -21,12 +21,14 @@ Tiles are all kept, background or not: sampling weighs them from the per-record 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image
 
+from tfshards import storage
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pair_table import PairTable
 from tfshards.converters.pairing import Pair
@@ -50,6 +52,7 @@ class PairRecord:
     source: str
     window: Window | None = None
     auto_tiled: bool = False  # a tile of an image too large for one record
+    source_bytes: int = 0  # a tile: its band's share of the pair's file bytes (progress)
 
 
 def pair_records(
@@ -77,7 +80,7 @@ def pair_records(
             yield PairRecord(prepared, pair.key)
             return
     for record in _tiles(pair, options, channels, store, AUTO_TILE, 0):
-        yield PairRecord(record.prepared, record.source, record.window, auto_tiled=True)
+        yield replace(record, auto_tiled=True)
 
 
 def _tiles(
@@ -95,9 +98,9 @@ def _tiles(
         _opened(pair, pair.mask, "mask", limit, store) as mask,
     ):
         _check_sizes(pair, image, mask, tile, options.tile_smaller)
-        rows = axis_starts(image.height, tile, overlap)
-        if band is not None:
-            rows = rows[band[0] : band[1]]
+        every = axis_starts(image.height, tile, overlap)
+        rows = every if band is None else every[band[0] : band[1]]
+        read = _file_bytes(pair, store) * len(rows) // len(every)
         for window in grid_windows(image.height, image.width, tile, overlap, rows=rows):
             with _stage(pair, pair.image, "image"):
                 image_window = image.read(window)
@@ -107,7 +110,14 @@ def _tiles(
             prepared = PreparedPair(
                 tile_key(pair.key, window), pixels, labels, _NO_SOURCE, _NO_SOURCE
             )
-            yield PairRecord(prepared, pair.key, window)
+            yield PairRecord(prepared, pair.key, window, source_bytes=read)
+
+
+def _file_bytes(pair: Pair, store: StorageOptions) -> int:
+    """Bytes of the pair's two files, for the progress bar (0 for files in a bucket)."""
+    if storage.is_url(pair.image) or storage.is_url(pair.mask):
+        return 0
+    return os.stat(pair.image).st_size + os.stat(pair.mask).st_size
 
 
 def _check_sizes(pair: Pair, image, mask, tile: int, smaller: str) -> None:
