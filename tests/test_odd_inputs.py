@@ -20,6 +20,7 @@ import tfshards
 from tfshards import ConvertOptions, OutputError, PairError
 from tfshards.converters.pairing import Pair
 from tfshards.converters.shard_job import _encoded
+from tfshards.converters.tiling import PairRecord
 from tfshards.converters.validation import prepare_pair
 from tfshards.schemas.format import decode_pixels
 from tfshards.schemas.tfrecord import parse_example
@@ -198,7 +199,8 @@ def test_mutated_files_never_crash_and_never_write_a_bad_record(tmp_path, fmt, o
     (tmp_path / "m").write_bytes(mask_bytes)
     pair = Pair("k", tmp_path / "i", tmp_path / "m")
     try:
-        result, record = _encoded(pair, ConvertOptions(), 3, None)
+        result = prepare_pair(pair, ConvertOptions(), 3)
+        record = _encoded(pair, PairRecord(result, "k"), ConvertOptions(), 3)
     except PairError as exc:
         assert exc.reason and exc.field in ("image", "mask")
         return

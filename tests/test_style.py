@@ -1,5 +1,5 @@
 """CONTRIBUTING.md's size rules, checked on the source rather than left to review:
-no function body over 60 lines in the package, and at most 7 scripts at the top of
+no function body over 60 lines in the package, and at most 8 scripts at the top of
 benchmarks/ (what a user runs; one-off studies live in benchmarks/studies/)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_BODY_LINES = 60
-MAX_BENCHMARK_SCRIPTS = 7
+MAX_BENCHMARK_SCRIPTS = 8  # 7 until issue 46 asked for benchmarks/large_images.py
 
 
 def body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -54,7 +54,7 @@ def benchmark_scripts() -> list[str]:
     return sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
 
 
-def test_benchmarks_keep_at_most_7_scripts_at_their_top():
+def test_benchmarks_keep_at_most_8_scripts_at_their_top():
     scripts = benchmark_scripts()
     assert len(scripts) <= MAX_BENCHMARK_SCRIPTS, (
         f"{len(scripts)} scripts at the top of benchmarks/ (at most {MAX_BENCHMARK_SCRIPTS}): "

@@ -14,6 +14,7 @@ from tfshards.errors import (
     PairError,
     PairingError,
     RecordTableError,
+    StitchError,
     TfshardsError,
 )
 from tfshards.malloc_arenas import cap_malloc_arenas
@@ -63,6 +64,14 @@ def __getattr__(name: str):
         from tfshards import sources
 
         return getattr(sources, name)
+    if name == "tiles":  # the function; tfshards.sources.tiles is a module
+        from tfshards.sources.tiles import tiles
+
+        return tiles
+    if name == "Stitcher":
+        from tfshards.sources.stitch import Stitcher
+
+        return Stitcher
     if name == "records":  # the function; tfshards.sources.records is a module
         from tfshards.sources.record_tables import records
 
@@ -88,6 +97,8 @@ __all__ = [
     "RecordTable",
     "RecordTableError",
     "ResumeCallback",
+    "StitchError",
+    "Stitcher",
     "TfshardsError",
     "VerifyReport",
     "class_weights",
@@ -102,6 +113,7 @@ __all__ = [
     "read",
     "records",
     "synth",
+    "tiles",
     "torch_pair",
     "verify",
 ]

@@ -49,3 +49,8 @@ class DatasetChangedError(TfshardsError):
 class RecordTableError(TfshardsError):
     """A split's per-record table (``<split>.records``) that cannot be read, or that
     disagrees with its manifest or its shards."""
+
+
+class StitchError(TfshardsError):
+    """Tile predictions that cannot be stitched (a window outside the image, a shape or
+    class that does not fit, pixels no tile covered)."""

@@ -55,6 +55,7 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     _add_input_args(p)
     _add_validation_args(p)
     _add_record_args(p)
+    _add_tile_args(p)
     _add_output_args(p)
     p.set_defaults(run=_run_convert, interrupt_hint=_how_to_finish)
 
@@ -138,6 +139,44 @@ def _add_validation_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULTS.on_error,
         help="a corrupt or invalid pair stops the job (fail, default) or is "
         "skipped and listed in the manifest (skip)",
+    )
+
+
+def _add_tile_args(p: argparse.ArgumentParser) -> None:
+    """Large images cut into tiles (docs/large-images.md)."""
+    g = p.add_argument_group("tiles (large images)")
+    g.add_argument(
+        "--tile",
+        dest="tile_size",
+        type=int,
+        metavar="N",
+        help="cut every pair into NxN tiles, one record each, edge tiles shifted inward so "
+        "every pixel is covered (default: one record per pair; images over Pillow's pixel "
+        "limit are still cut into 1024x1024 tiles)",
+    )
+    g.add_argument(
+        "--overlap",
+        dest="tile_overlap",
+        type=int,
+        default=DEFAULTS.tile_overlap,
+        metavar="M",
+        help="pixels shared by neighbouring tiles, below --tile (default: %(default)s)",
+    )
+    g.add_argument(
+        "--tile-smaller",
+        choices=("keep", "fail"),
+        default=DEFAULTS.tile_smaller,
+        help="an image smaller than --tile: one tile of its own size (keep, default) or an "
+        "error for its pair (fail)",
+    )
+    g.add_argument(
+        "--decode-limit",
+        type=_size_arg(parse_size),
+        default=DEFAULTS.decode_limit,
+        metavar="SIZE",
+        help="most bytes of pixels of one image decoded whole when tiling (PNG, JPEG; tiled "
+        "and striped TIFFs are read by windows), checked before decoding (default: "
+        f"{DEFAULTS.decode_limit / 2**30:g}GiB)",
     )
 
 

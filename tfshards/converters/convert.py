@@ -36,7 +36,9 @@ from tfshards.converters.progress import ConversionProgress, Effort
 from tfshards.converters.shard_job import (
     ShardResult,
 )
+from tfshards.converters.tiling import AUTO_TILE, planned_bands
 from tfshards.converters.validation import image_layout
+from tfshards.converters.windows import no_pixel_limit
 from tfshards.errors import OptionsError, OutputError, PairingError
 from tfshards.schemas.format import image_encoding, itemsize, record_table_name
 from tfshards.schemas.manifest import (
@@ -210,20 +212,27 @@ def _plan(
         log.warning("%s (left out: --allow-unpaired)", problem)
     masks_where = storage.display(masks if masks is not None else images)
     check_mask_values(sample_mask_values(pairs, storage_options=store), options, where=masks_where)
-    options = _with_image_layout(options, pairs[0], store)
+    with no_pixel_limit():  # a first image too large for Pillow's limit is tiled, not refused
+        options = _with_image_layout(options, pairs[0], store)
     channels = options.channels
     progress.checking(len(pairs))
     stat_of = _input_stats((images, masks if masks is not None else images), store)
     fingerprint, file_bytes = _scan_files(pairs, options, stat_of, progress.bar.update)
+    units, bands = pairs, None
+    if options.tile_size is None:
+        unit_bytes = _estimated_pair_bytes(pairs, file_bytes, options, channels, store)
+    else:  # tiles: a large image's bands of tile rows are units of their own (tiling.py)
+        units, bands, unit_bytes = planned_bands(pairs, options, channels, store)
     specs = plan_shards(
-        pairs,
+        units,
         seed=options.seed,
         val_fraction=options.val_fraction,
         test_fraction=options.test_fraction,
         compression=options.compression,
         num_shards=options.num_shards,
         shard_size=options.shard_size,
-        pair_bytes=_estimated_pair_bytes(pairs, file_bytes, options, channels, store),
+        pair_bytes=unit_bytes,
+        bands=bands,
     )
     del file_bytes
     release_freed_memory()
@@ -280,6 +289,7 @@ def _write_dataset(
         for result in results_of:
             folder.record(result)
             results[result.file] = result
+        _say_auto_tiled(results.values())
         manifest = _manifest(specs, results, options, source, report)
         manifest = _with_record_tables(target, manifest, specs, results, store)
         return manifest, len(todo), len(begun), False
@@ -293,6 +303,20 @@ def _write_dataset(
             done = fill(staging, folder.staging)
         folder.replace_with(folder.staging, done[0])
     return done
+
+
+def _say_auto_tiled(results: Iterable[ShardResult]) -> None:
+    """The message for images too large for one record, tiled without --tile."""
+    count = sum(result.auto_tiled for result in results)
+    if count:
+        log.warning(
+            "%d images over Pillow's pixel limit (%d pixels) would not fit one record: each "
+            "was cut into %dx%d tiles (choose the size with --tile, see docs/large-images.md)",
+            count,
+            Image.MAX_IMAGE_PIXELS,
+            AUTO_TILE,
+            AUTO_TILE,
+        )
 
 
 def _input_stats(

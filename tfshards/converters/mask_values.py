@@ -23,10 +23,12 @@ from tfshards import storage
 from tfshards.converters import deep_files
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
+from tfshards.converters.windows import TIFF_SUFFIXES, middle_window, no_pixel_limit
 from tfshards.errors import TfshardsError
 from tfshards.storage import StorageOptions
 
 SAMPLE_MASKS = 16
+SAMPLE_PIXELS = 2**24  # a larger mask is sampled by a window (TIFF) or not at all
 # More distinct values than this in the sampled masks, or more than _SPREAD_VALUES spread
 # over most of 0..255, look like photos rather than label maps (ADE20K has 151 classes:
 # such datasets say so with --num-classes).
@@ -55,12 +57,29 @@ def sample_mask_values(
 
 
 def _mask_sample(pair: Pair, storage_options: StorageOptions) -> np.ndarray:
+    if _is_large_tiff(pair.mask, storage_options):  # a slide's mask: a window of it
+        return middle_window(pair.mask, storage_options)
     data = storage.read_bytes(pair.mask, storage_options)
     array = deep_files.array_of(data, pair.mask)  # a .npy or a 16-bit TIFF mask
     if array is not None:
         return array
     with Image.open(io.BytesIO(data)) as mask:
         return np.asarray(mask if mask.mode in ("L", "P", "1") else mask.convert("L"))
+
+
+def _is_large_tiff(path, storage_options: StorageOptions) -> bool:
+    """A TIFF mask of more than SAMPLE_PIXELS pixels (its header read, not its pixels)."""
+    if not str(path).lower().endswith(TIFF_SUFFIXES):
+        return False
+    try:
+        with (
+            no_pixel_limit(),
+            storage.open_file(path, "rb", storage_options) as handle,
+            Image.open(handle) as mask,
+        ):
+            return mask.width * mask.height > SAMPLE_PIXELS
+    except (OSError, Image.UnidentifiedImageError):  # e.g. 16-bit bands: read as an array
+        return False
 
 
 def check_mask_values(values: set[int], options: ConvertOptions, where: str) -> None:

@@ -24,8 +24,11 @@ from tfshards.schemas.format import (
     resolved_compression,
     resolved_mask_encoding,
 )
+from tfshards.schemas.tiles import check_tiling
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
+# Pixels of one image and its mask decoded whole (PNG, JPEG, untiled TIFF) when tiling.
+DEFAULT_DECODE_LIMIT = 2**30
 COMPRESSION_CHOICES = (AUTO, *COMPRESSIONS)
 # --binary-masks: black/white masks as classes 0 and 1 (0/1 masks pass unchanged).
 BINARY_MASK_MAP = ((0, 0), (1, 1), (255, 1))
@@ -73,6 +76,12 @@ class ConvertOptions:
     on_error: str = "fail"
     index: bool = False
     tfds_metadata: bool = False
+    # Tiles (docs/large-images.md): None keeps one record per pair, except images over
+    # Pillow's pixel limit, tiled by AUTO_TILE; decode_limit bounds an image decoded whole.
+    tile_size: int | None = None
+    tile_overlap: int = 0
+    tile_smaller: str = "keep"
+    decode_limit: int = DEFAULT_DECODE_LIMIT
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -104,6 +113,10 @@ class ConvertOptions:
             )
         self._check_layout()
         self._check_masks()
+        check_tiling(self.tile_size, self.tile_overlap, self.tile_smaller)
+        checked_int("decode_limit", self.decode_limit, low=1)
+        if self.tile_size is not None and self.resize is not None:
+            raise OptionsError("tile_size and resize exclude each other: tiles keep source pixels")
         shards = compression(resolved_compression(self.compression))
         if self.tfds_metadata and not shards.tfds_readable:
             raise OptionsError(

@@ -91,6 +91,9 @@ class ShardSpec:
     count: int
     compression: str
     pairs: PairTable
+    # Tiled conversions: each pair's band of tile rows [first, end) (converters/tiling.py:
+    # a large image's tiles spread over several shards); None: every pair whole.
+    bands: np.ndarray | None = None
 
     @property
     def file_name(self) -> str:
@@ -131,11 +134,14 @@ def plan_shards(
     num_shards: int | None,
     shard_size: int,
     pair_bytes: Sequence[int] | np.ndarray,
+    bands: np.ndarray | None = None,
 ) -> list[ShardSpec]:
     """Assign splits, shuffle, and cut into shards.
 
     ``pair_bytes`` estimates each pair's size, in the order of ``pairs`` (a PairTable is in
     key order; other sequences are sorted by key here, and their sizes with them).
+    ``bands``: int64 [pairs, 2], the tile rows of each entry of a PairTable (a pair may
+    appear once per band), which its shard writes; the split follows the key alone.
     """
     if not isinstance(pairs, PairTable):
         order = sorted(range(len(pairs)), key=lambda i: pairs[i].key)
@@ -167,7 +173,14 @@ def plan_shards(
         shard_size=shard_size,
     )
     return [
-        ShardSpec(split, index, counts[split], compression, pairs.subset(rows[start:end]))
+        ShardSpec(
+            split,
+            index,
+            counts[split],
+            compression,
+            pairs.subset(rows[start:end]),
+            None if bands is None else bands[rows[start:end]],
+        )  # fmt: skip
         for split, rows in members.items()
         for index, (start, end) in enumerate(shard_bounds(len(rows), counts[split]))
     ]

@@ -21,6 +21,7 @@ from tfshards.converters.image_stats import ChannelSums
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pairing import Pair
 from tfshards.converters.planning import ShardSpec
+from tfshards.converters.tiling import WHOLE, PairRecord, pair_records
 from tfshards.converters.validation import PreparedPair, pair_stage, prepare_pair
 from tfshards.converters.writer import ShardWriter
 from tfshards.errors import PairError
@@ -52,6 +53,7 @@ class ShardResult:
     # Exact per-channel counts of the stored images (image_stats.ChannelSums.to_json);
     # None in a journal written before tfshards had them.
     image_stats: dict | None = None
+    auto_tiled: int = 0  # images too large for one record, tiled without --tile
 
     def table(self) -> RecordTable | None:
         """The shard's per-record table (its rows, in record order), if it has one."""
@@ -94,6 +96,28 @@ def upload_shard(
     local.unlink()
 
 
+class _Tally:
+    """What a shard job learns from the records it writes: class pixels, the first two
+    sizes, the per-record table's rows and the per-channel sums."""
+
+    def __init__(self, ignore_label: int | None) -> None:
+        self.ignore_label = ignore_label
+        self.class_pixels = np.zeros(256, dtype=np.int64)
+        self.sizes: list[tuple[int, int]] = []
+        self.rows: list[RecordRow] = []
+        self.sums = ChannelSums()
+
+    def add(self, prepared: PreparedPair) -> None:
+        row = record_row(prepared.key, prepared.mask, self.ignore_label)
+        self.rows.append(row)
+        self.sums.add(prepared.image)
+        self.class_pixels[row.class_ids] += row.class_counts
+        if self.ignore_label is not None:
+            self.class_pixels[self.ignore_label] += row.ignored_pixels
+        if prepared.mask.shape not in self.sizes and len(self.sizes) < 2:
+            self.sizes.append(prepared.mask.shape)
+
+
 def _write_file(
     spec: ShardSpec,
     options: ConvertOptions,
@@ -102,37 +126,34 @@ def _write_file(
     progress: ProgressCallback | None,
     storage_options: StorageOptions,
 ) -> ShardResult:
-    class_pixels = np.zeros(256, dtype=np.int64)
-    sizes: list[tuple[int, int]] = []
-    skipped: list[SkippedPair] = []
-    rows: list[RecordRow] = []
-    sums = ChannelSums()
+    tally, skipped, auto_tiled = _Tally(options.ignore_label), [], 0
     with ShardWriter(
         out_dir / spec.file_name,
         compression=options.compression,
         level=options.compression_level,
         index=options.index,
     ) as writer:
-        for pair in spec.pairs:
+        for number, pair in enumerate(spec.pairs):
+            before = writer.records
+            band = None if spec.bands is None else tuple(spec.bands[number].tolist())
+            band = None if band == WHOLE else band
             try:
-                prepared, record = _encoded(pair, options, channels, storage_options)
+                for record in pair_records(
+                    pair, options, channels, storage_options, prepare_pair, band
+                ):
+                    writer.write(_encoded(pair, record, options, channels))
+                    tally.add(record.prepared)
+                    auto_tiled += record.auto_tiled and writer.records == before + 1
             except PairError as exc:
-                if options.on_error == "fail":
-                    raise
+                shared = _shared(spec, number)
+                if options.on_error == "fail" or writer.records > before or shared:
+                    raise _unskippable(exc, writer.records - before, shared) from exc
                 skipped.append(SkippedPair(exc.key, exc.path, exc.reason))
                 _report(progress, 0)
                 continue
-            writer.write(record)
-            row = record_row(prepared.key, prepared.mask, options.ignore_label)
-            rows.append(row)
-            sums.add(prepared.image)
-            class_pixels[row.class_ids] += row.class_counts
-            if options.ignore_label is not None:
-                class_pixels[options.ignore_label] += row.ignored_pixels
-            if prepared.mask.shape not in sizes and len(sizes) < 2:
-                sizes.append(prepared.mask.shape)
+            prepared = record.prepared
             source_bytes = len(prepared.image_source.data) + len(prepared.mask_source.data)
-            _report(progress, source_bytes)
+            _report(progress, record.source_bytes or source_bytes)
     return ShardResult(
         file=spec.file_name,
         split=spec.split,
@@ -140,19 +161,42 @@ def _write_file(
         bytes=writer.bytes,
         sha256=writer.sha256,
         crc32c=writer.crc32c,
-        class_pixels=class_pixels.tolist(),
-        image_sizes=sizes,
+        class_pixels=tally.class_pixels.tolist(),
+        image_sizes=tally.sizes,
         skipped=skipped,
-        record_table=base64.b64encode(RecordTable.from_rows(rows, 256).to_bytes()).decode(),
-        image_stats=sums.to_json(),
+        record_table=base64.b64encode(RecordTable.from_rows(tally.rows, 256).to_bytes()).decode(),
+        image_stats=tally.sums.to_json(),
+        auto_tiled=auto_tiled,
     )
 
 
-def _encoded(
-    pair: Pair, options: ConvertOptions, channels: int, storage_options: StorageOptions = None
-) -> tuple[PreparedPair, bytes]:
-    """Decode, check and encode one pair into a record; PairError for anything wrong."""
-    prepared = prepare_pair(pair, options, channels, storage_options)
+def _shared(spec: ShardSpec, number: int) -> bool:
+    """Whether entry ``number`` of the shard is one band of a pair cut into several (its
+    other bands go to other shards: skipping this one would keep part of the image)."""
+    return spec.bands is not None and tuple(spec.bands[number].tolist()) != WHOLE
+
+
+def _unskippable(error: PairError, written: int, shared: bool) -> PairError:
+    """A pair that fails after some of its tiles were written, or one band of a pair cut
+    into several (``tiling.planned_bands``), cannot be skipped: its shard fails (and is not
+    published) rather than keep part of an image."""
+    if not (written or shared):
+        return error
+    why = (
+        "its image is cut into bands of tile rows written by several shards"
+        if shared
+        else f"{written} of its tiles were written before"
+    )
+    reason = (
+        f"{error.reason}; {why}, so it cannot be skipped: the shard is not written (fix or "
+        "remove the file and --resume)"
+    )
+    return PairError(error.key, error.path, error.field, reason)
+
+
+def _encoded(pair: Pair, record: PairRecord, options: ConvertOptions, channels: int) -> bytes:
+    """Encode one record of a pair (prepared: decoded and checked); PairError if it fails."""
+    prepared = record.prepared
     with pair_stage(pair, pair.image, "image"):
         image, image_format = image_encoding(options.encoding).encode(
             prepared.image, prepared.image_source
@@ -162,10 +206,14 @@ def _encoded(
             prepared.mask, prepared.mask_source
         )
     height, width = prepared.mask.shape
-    record = EncodedPair(
-        prepared.key, image, image_format, height, width, channels, mask, mask_format
-    )
-    return prepared, record.to_example()
+    window = record.window
+    encoded = EncodedPair(
+        prepared.key, image, image_format, height, width, channels, mask, mask_format,
+        source=None if window is None else record.source,
+        row=0 if window is None else window.row,
+        column=0 if window is None else window.column,
+    )  # fmt: skip
+    return encoded.to_example()
 
 
 def _report(progress: ProgressCallback | None, source_bytes: int) -> None:

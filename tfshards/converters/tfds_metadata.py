@@ -170,4 +170,7 @@ def _features(tfds, dataset: DatasetInfo, class_names: Sequence[str] | None):
             return pixels(field.pixels)
         return tfds.features.Text() if field.kind == "bytes" else tfds.features.Scalar(np.int64)
 
-    return tfds.features.FeaturesDict({field.name: feature(field) for field in FIELDS})
+    # A tile's source/ features are left out: TFDS reads the features every record holds.
+    return tfds.features.FeaturesDict(
+        {field.name: feature(field) for field in FIELDS if field.required}
+    )

@@ -453,3 +453,15 @@ def _resized(
         smooth = np.clip(np.rint(np.stack(bands, axis=2)), 0, top).astype(image.dtype)
     nearest = np.asarray(Image.fromarray(mask).resize((width, height), Image.Resampling.NEAREST))
     return smooth.reshape(height, width, channels), nearest
+
+
+def checked_pixels(
+    pair: Pair, image: Image.Image, mask: Image.Image, options: ConvertOptions, channels: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The stored pixels of an image and mask already decoded (a tiled source, whole or a
+    window: ``converters/tiling.py``), by the checks and conversions of :func:`prepare_pair`."""
+    with pair_stage(pair, pair.image, "image"):
+        image_pixels, _ = _image_pixels(pair, image, channels)
+    with pair_stage(pair, pair.mask, "mask"):
+        mask_pixels, _ = _mask_pixels(pair, mask, options)
+    return image_pixels, mask_pixels

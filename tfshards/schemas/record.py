@@ -16,7 +16,15 @@ image/channels      int64    1 to 64 (1 grayscale, 3 RGB, 4 RGBA, or any bands)
 mask/encoded        bytes    class indices (uint8) in ``mask/format``
 mask/format         bytes    ``png``, ``raw`` or ``deflate``
 mask/channels       int64    always 1; mask height and width equal the image's
+source/key          bytes    a tile's source: the key of the image it was cut from
+                             (``schemas/tiles.py``)
+source/row          int64    the tile's top row in that image
+source/column       int64    its left column; its window is (row, column,
+                             image/height, image/width)
 ==================  =======  ==================================================
+
+The three ``source/`` features are written for tiles only: a record without them is a
+whole image (its window is the image), byte for byte as before tiles existed.
 
 The writer builds records with :meth:`EncodedPair.to_example`; the TF reader
 parses them with :func:`tf_feature_spec`; the checks (verify, inspect) decode a
@@ -41,11 +49,13 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class Field:
-    """One feature. ``pixels``: "image" or "mask" for the encoded pixel bytes, else None."""
+    """One feature. ``pixels``: "image" or "mask" for the encoded pixel bytes, else None.
+    ``required``: False for features that older records lack."""
 
     name: str
     kind: Literal["bytes", "int64"]
     pixels: Literal["image", "mask"] | None = None
+    required: bool = True
 
 
 FIELDS: tuple[Field, ...] = (
@@ -58,6 +68,9 @@ FIELDS: tuple[Field, ...] = (
     Field("mask/encoded", "bytes", pixels="mask"),
     Field("mask/format", "bytes"),
     Field("mask/channels", "int64"),
+    Field("source/key", "bytes", required=False),
+    Field("source/row", "int64", required=False),
+    Field("source/column", "int64", required=False),
 )
 
 
@@ -73,6 +86,9 @@ class EncodedPair:
     channels: int
     mask: bytes
     mask_format: str
+    source: str | None = None  # a tile's source key (None: the record is a whole image)
+    row: int = 0  # the tile's window in its source
+    column: int = 0
 
     def to_example(self) -> bytes:
         values: dict[str, bytes | int] = {
@@ -86,7 +102,12 @@ class EncodedPair:
             "mask/format": self.mask_format.encode(),
             "mask/channels": 1,
         }
-        return serialize_example({field.name: values[field.name] for field in FIELDS})
+        if self.source is not None:  # a tile; a whole image's record is as it always was
+            values.update(
+                {"source/key": os.fsencode(self.source), "source/row": self.row,
+                 "source/column": self.column}
+            )  # fmt: skip
+        return serialize_example({f.name: values[f.name] for f in FIELDS if f.name in values})
 
 
 def schema_description() -> list[dict[str, str]]:
@@ -99,7 +120,13 @@ def tf_feature_spec() -> dict:
     import tensorflow as tf
 
     dtypes = {"bytes": tf.string, "int64": tf.int64}
-    return {field.name: tf.io.FixedLenFeature([], dtypes[field.kind]) for field in FIELDS}
+    absent = {"bytes": b"", "int64": 0}  # an optional feature a record lacks (not a tile)
+    return {
+        field.name: tf.io.FixedLenFeature(
+            [], dtypes[field.kind], None if field.required else absent[field.kind]
+        )
+        for field in FIELDS
+    }
 
 
 @dataclass(frozen=True)
@@ -136,7 +163,7 @@ def decode_mask(features: Mapping[str, bytes | int | None]) -> tuple[str, np.nda
 
 
 def _check_features(features: Mapping[str, bytes | int | None]) -> None:
-    missing = [f.name for f in FIELDS if features.get(f.name) is None]
+    missing = [f.name for f in FIELDS if f.required and features.get(f.name) is None]
     if missing:
         raise ValueError(f"missing features {missing}")
 

@@ -1,0 +1,284 @@
+"""Read windows of one image file for tiling, with memory bounded whatever its size.
+
+- TIFF and BigTIFF, tiled or striped (chunky samples): read by ``tifffile`` one segment
+  (tile or strip) at a time: a window decodes only the segments it touches, and the
+  segments of the current row of tiles are kept until the next row starts below them,
+  so memory holds about one band of the image, never the image.
+- Everything else (PNG, JPEG, ..., TIFFs whose samples are stored as separate planes,
+  and TIFFs where ``tifffile`` is not installed): decoded whole, once, by Pillow or
+  ``tifffile``, after checking the decoded size against ``decode_limit``
+  (``--decode-limit``); the error names the limit when it is exceeded. Pillow's
+  pixel limit (its decompression-bomb guard) is replaced by this stated bound.
+
+Windows come back as Pillow images (mode L, RGB or RGBA for 8-bit pixels), which the
+shard job checks and converts as it does whole images (``validation.checked_pixels``).
+The TIFF ``Orientation`` tag is not applied to TIFFs read by windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from tfshards import storage
+from tfshards.schemas.tiles import Window
+from tfshards.storage import Location, StorageOptions
+
+TIFF_SUFFIXES = (".tif", ".tiff")
+LIMIT_OPTION = "--decode-limit (decode_limit=)"
+
+
+class WindowError(Exception):
+    """A file cannot be read by windows; the shard job makes it a PairError for its pair."""
+
+
+class WindowSource(Protocol):
+    height: int
+    width: int
+
+    def read(self, window: Window) -> Image.Image: ...
+
+
+def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool]:
+    """(height, width, read by windows?) of an image from its header alone."""
+    if _is_tiff(path) and _tifffile() is not None:
+        with _opened_tiff(path, store) as tiff:
+            page = tiff.pages.first
+            windowed = page.planarconfig == 1 or page.samplesperpixel == 1
+            return int(page.imagelength), int(page.imagewidth), windowed
+    with (
+        storage.open_file(path, "rb", store) as handle,
+        no_pixel_limit(),
+        Image.open(handle) as image,
+    ):
+        return image.height, image.width, False
+
+
+@contextlib.contextmanager
+def window_source(
+    path: Location, limit: int, store: StorageOptions = None
+) -> Iterator[WindowSource]:
+    """A source of windows of the image at ``path`` (see the module docstring)."""
+    if _is_tiff(path) and _tifffile() is not None:
+        with _opened_tiff(path, store) as tiff:
+            page = tiff.pages.first
+            if page.planarconfig == 1 or page.samplesperpixel == 1:
+                yield TiffWindows(tiff, page, _file_size(path, store), limit)
+            else:
+                yield WholeImage(_tiff_pixels(page, path, limit))
+        return
+    yield WholeImage(_pillow_image(path, limit, store))
+
+
+def middle_window(path: Location, store: StorageOptions = None, size: int = 1024) -> np.ndarray:
+    """Pixels of a ``size`` x ``size`` window in the middle of a large tiled or striped TIFF,
+    read by windows (a sample of a mask too large to decode); WindowError for any other
+    file, which would be decoded whole."""
+    if not _is_tiff(path) or _tifffile() is None:
+        raise WindowError("only TIFFs are sampled by windows")
+    with window_source(path, 2**28, store) as source:
+        if not isinstance(source, TiffWindows):
+            raise WindowError("its samples are separate planes")
+        height, width = min(size, source.height), min(size, source.width)
+        window = Window((source.height - height) // 2, (source.width - width) // 2, height, width)
+        return np.asarray(source.read(window))
+
+
+class WholeImage:
+    """An image decoded once; windows are crops of it."""
+
+    def __init__(self, image: Image.Image) -> None:
+        self.image = image
+        self.height, self.width = image.height, image.width
+
+    def read(self, window: Window) -> Image.Image:
+        box = (window.column, window.row, window.right, window.bottom)
+        if box == (0, 0, self.width, self.height):
+            return self.image
+        return self.image.crop(box)
+
+
+class TiffWindows:
+    """Windows of a tiled or striped TIFF page, decoded segment by segment."""
+
+    def __init__(self, tiff: Any, page: Any, file_bytes: int | None, limit: int) -> None:
+        self.tiff, self.page = tiff, page
+        self.height, self.width = int(page.imagelength), int(page.imagewidth)
+        self.samples = int(page.samplesperpixel)
+        if page.is_tiled:
+            self.seg_height, self.seg_width = int(page.tilelength), int(page.tilewidth)
+        else:
+            self.seg_height, self.seg_width = min(int(page.rowsperstrip), self.height), self.width
+        self.across = math.ceil(self.width / self.seg_width)
+        self.decode = page.decode
+        self.cache: dict[int, np.ndarray | None] = {}
+        _check_segments(page, file_bytes)
+        # One strip of a whole image (a TIFF written without tiles or strips) is decoded
+        # whole: the decode limit applies to it.
+        _check_limit(self.seg_height, self.seg_width, self.samples * page.dtype.itemsize, limit)
+
+    def read(self, window: Window) -> Image.Image:
+        out = np.zeros((window.height, window.width, self.samples), self.page.dtype)
+        for down in range(window.row // self.seg_height, _ceil_div(window.bottom, self.seg_height)):
+            for across in range(
+                window.column // self.seg_width, _ceil_div(window.right, self.seg_width)
+            ):
+                self._place(down * self.across + across, down, across, window, out)
+        self._forget_above(window.row)
+        return _as_image(out)
+
+    def _place(self, index: int, down: int, across: int, window: Window, out: np.ndarray) -> None:
+        segment = self._segment(index)
+        if segment is None:  # a sparse file's empty segment: zeros
+            return
+        top, left = down * self.seg_height, across * self.seg_width
+        rows = slice(max(window.row, top), min(window.bottom, top + segment.shape[0]))
+        cols = slice(max(window.column, left), min(window.right, left + segment.shape[1]))
+        out[rows.start - window.row : rows.stop - window.row,
+            cols.start - window.column : cols.stop - window.column] = segment[
+            rows.start - top : rows.stop - top, cols.start - left : cols.stop - left
+        ]  # fmt: skip
+
+    def _segment(self, index: int) -> np.ndarray | None:
+        if index not in self.cache:
+            page = self.page
+            data = None
+            if page.databytecounts[index]:
+                handle = self.tiff.filehandle
+                handle.seek(page.dataoffsets[index])
+                data = handle.read(page.databytecounts[index])
+            try:
+                segment = self.decode(data, index, jpegtables=page.jpegtables)[0]
+            except Exception as exc:  # noqa: BLE001 - whatever the codec raised
+                raise WindowError(f"segment {index} does not decode ({exc})") from exc
+            self.cache[index] = None if segment is None else segment[0]
+        return self.cache[index]
+
+    def _forget_above(self, row: int) -> None:
+        """Drop segments that end above ``row``: later windows (grid order) start lower."""
+        for index in [i for i in self.cache if (i // self.across + 1) * self.seg_height <= row]:
+            del self.cache[index]
+
+
+def _check_segments(page: Any, file_bytes: int | None) -> None:
+    """A truncated file is refused before any window is written: each segment must lie
+    within the file."""
+    offsets = np.asarray(page.dataoffsets, np.int64)
+    counts = np.asarray(page.databytecounts, np.int64)
+    expected = math.ceil(page.imagelength / (page.tilelength if page.is_tiled else max(
+        min(page.rowsperstrip, page.imagelength), 1))) * (
+        math.ceil(page.imagewidth / page.tilewidth) if page.is_tiled else 1
+    )  # fmt: skip
+    if len(offsets) < expected:
+        raise WindowError(f"{len(offsets)} segments listed, the image needs {expected}")
+    ends = offsets + counts
+    if file_bytes is not None and ends.size and int(ends.max()) > file_bytes:
+        raise WindowError(
+            f"truncated: a segment ends at byte {int(ends.max())}, past the file's end "
+            f"({file_bytes} bytes)"
+        )
+
+
+def _ceil_div(value: int, step: int) -> int:
+    return -(-value // step)
+
+
+def _as_image(pixels: np.ndarray) -> Image.Image:
+    """A Pillow image of window pixels [H, W, samples] (one sample: a 2-D image)."""
+    if pixels.shape[2] == 1:
+        return Image.fromarray(np.ascontiguousarray(pixels[:, :, 0]))
+    if pixels.dtype == np.uint8 and pixels.shape[2] in (3, 4):
+        return Image.fromarray(np.ascontiguousarray(pixels))
+    raise WindowError(
+        f"{pixels.shape[2]} samples of {pixels.dtype} per pixel: tiles are made of 8-bit gray, "
+        "RGB or RGBA images"
+    )
+
+
+def _tiff_pixels(page: Any, path: Location, limit: int) -> Image.Image:
+    """A TIFF page that cannot be read by windows (separate planes), decoded whole."""
+    _check_limit(page.imagelength, page.imagewidth, page.samplesperpixel * page.dtype.itemsize,
+                 limit)  # fmt: skip
+    pixels = page.asarray()
+    if pixels.ndim == 3 and pixels.shape[0] == page.samplesperpixel:  # separate: planes first
+        pixels = np.moveaxis(pixels, 0, -1)
+    return _as_image(pixels.reshape(page.imagelength, page.imagewidth, -1))
+
+
+def _pillow_image(path: Location, limit: int, store: StorageOptions) -> Image.Image:
+    with storage.open_file(path, "rb", store) as handle, no_pixel_limit():
+        image = Image.open(handle)
+        bands = len(image.getbands())
+        depth = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
+        _check_limit(image.height, image.width, bands * depth, limit)
+        image.load()
+    if image.getexif().get(0x0112, 1) not in (1, None):
+        image = ImageOps.exif_transpose(image)  # as validation.py does for whole pairs
+    return image
+
+
+def _check_limit(height: int, width: int, pixel_bytes: int, limit: int) -> None:
+    """Checked before decoding: the pixels decoded at once must fit the stated bound."""
+    needed = int(height) * int(width) * int(pixel_bytes)
+    if needed > limit:
+        raise WindowError(
+            f"{height}x{width} (HxW) decoded at once takes {_gib(needed)}, over the decode "
+            f"limit of {_gib(limit)} ({LIMIT_OPTION}); this file is decoded whole (or in "
+            "strips this large): save it as a tiled TIFF (read by windows) or raise the limit"
+        )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+@contextlib.contextmanager
+def no_pixel_limit():
+    """Pillow's decompression-bomb guard off while a file is opened: the decode limit,
+    checked before decoding, takes its place."""
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+
+
+def _is_tiff(path: Location) -> bool:
+    return str(path).lower().endswith(TIFF_SUFFIXES)
+
+
+def _tifffile() -> Any:
+    try:
+        import tifffile
+    except ImportError:
+        return None
+    return tifffile
+
+
+@contextlib.contextmanager
+def _opened_tiff(path: Location, store: StorageOptions) -> Iterator[Any]:
+    tifffile = _tifffile()
+    with storage.open_file(path, "rb", store) as handle:
+        try:
+            tiff = tifffile.TiffFile(handle)
+            if not len(tiff.pages):
+                tiff.close()
+                raise ValueError("it holds no image")
+            tiff.pages.first  # noqa: B018 - read now: a broken first page is the file's error
+        except Exception as exc:  # noqa: BLE001 - tifffile's errors for a broken header
+            raise WindowError(f"not a readable TIFF ({type(exc).__name__}: {exc})") from exc
+        with tiff:
+            yield tiff
+
+
+def _file_size(path: Location, store: StorageOptions) -> int | None:
+    if storage.is_url(path):
+        return None
+    return os.stat(path).st_size
