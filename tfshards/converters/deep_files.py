@@ -61,7 +61,21 @@ def array_of(data: bytes, path: Location) -> np.ndarray | None:
         if _pillow_reads(tif):
             return None
         series = tif.series[0]
-        return _tiff_bands_last(series.asarray(), series.axes)
+        return tiff_bands_last(series.asarray(), series.axes)
+
+
+def tiff_layout(handle) -> tuple[int, str] | None:
+    """(bands, dtype name) of a TIFF that needs tifffile, from its tags alone (a slide is
+    not decoded to learn them); None when Pillow reads the file."""
+    tifffile = _tifffile()
+    if tifffile is None:
+        return None
+    with tifffile.TiffFile(handle) as tif:
+        if _pillow_reads(tif):
+            return None
+        series = tif.series[0]
+        bands = _band_axis(series.shape, series.axes)
+        return (1 if bands is None else int(series.shape[bands])), series.dtype.name
 
 
 def missing_tifffile_reason() -> str | None:
@@ -96,7 +110,7 @@ def _band_axis(shape: tuple[int, ...], axes: str) -> int | None:
     return others[0] if others else None
 
 
-def _tiff_bands_last(array: np.ndarray, axes: str) -> np.ndarray:
+def tiff_bands_last(array: np.ndarray, axes: str) -> np.ndarray:
     bands = _band_axis(array.shape, axes)
     order = [axes.index("Y"), axes.index("X")] + ([] if bands is None else [bands])
     return array.transpose(order + [i for i in range(array.ndim) if i not in order]).reshape(

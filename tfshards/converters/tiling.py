@@ -33,9 +33,9 @@ from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pair_table import PairTable
 from tfshards.converters.pairing import Pair
 from tfshards.converters.validation import PreparedPair, checked_pixels, prepare_pair
-from tfshards.converters.windows import WindowError, header, window_source
+from tfshards.converters.windows import WholeArray, WindowError, header, window_source
 from tfshards.errors import PairError
-from tfshards.schemas.format import SourceFile
+from tfshards.schemas.format import SourceFile, itemsize
 from tfshards.schemas.tiles import Window, axis_starts, grid_windows, tile_key
 from tfshards.storage import Location, StorageOptions
 
@@ -97,6 +97,8 @@ def _tiles(
         _opened(pair, pair.image, "image", limit, store) as image,
         _opened(pair, pair.mask, "mask", limit, store) as mask,
     ):
+        if isinstance(image, WholeArray):  # a .npy's bands: first or last, told by its mask
+            image.bands_by_mask(mask.height, mask.width)
         _check_sizes(pair, image, mask, tile, options.tile_smaller)
         every = axis_starts(image.height, tile, overlap)
         rows = every if band is None else every[band[0] : band[1]]
@@ -213,7 +215,7 @@ def planned_bands(
             units.append(index), bands.append(WHOLE), sizes.append(tile * tile * 4)
             continue
         rows = len(axis_starts(height, tile, overlap))
-        row_bytes = min(tile, height) * width * (channels + 1)
+        row_bytes = min(tile, height) * width * (channels * itemsize(options.image_dtype) + 1)
         step = rows if not windowed else max(1, options.shard_size // max(row_bytes, 1))
         for first in range(0, rows, step):
             end = min(first + step, rows)

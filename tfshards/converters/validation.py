@@ -105,7 +105,15 @@ def image_layout(pair: Pair, storage_options: StorageOptions = None) -> tuple[in
     try:
         with storage.open_file(path, "rb", storage_options) as handle:
             head = handle.read(4)
-        if deep_files.is_npy(path) or deep_files.is_tiff(head):
+        if deep_files.is_tiff(head):
+            with (
+                pair_stage(pair, path, "image"),
+                storage.open_file(path, "rb", storage_options) as tiff,
+            ):
+                layout = deep_files.tiff_layout(tiff)
+            if layout is not None:
+                return layout
+        if deep_files.is_npy(path):
             with pair_stage(pair, path, "image"):
                 decoded = _open(pair, path, "image", storage_options)
             if decoded.array is not None:
@@ -456,12 +464,23 @@ def _resized(
 
 
 def checked_pixels(
-    pair: Pair, image: Image.Image, mask: Image.Image, options: ConvertOptions, channels: int
+    pair: Pair,
+    image: Image.Image | np.ndarray,
+    mask: Image.Image | np.ndarray,
+    options: ConvertOptions,
+    channels: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The stored pixels of an image and mask already decoded (a tiled source, whole or a
-    window: ``converters/tiling.py``), by the checks and conversions of :func:`prepare_pair`."""
+    window: ``converters/tiling.py``), by the checks and conversions of :func:`prepare_pair`:
+    a Pillow image, or an array [H, W] / [H, W, C] of a TIFF read by tifffile or a ``.npy``."""
     with pair_stage(pair, pair.image, "image"):
-        image_pixels, _ = _image_pixels(pair, image, channels)
+        image_pixels, _ = _image_pixels(pair, _decoded(image), channels, options.image_dtype)
     with pair_stage(pair, pair.mask, "mask"):
-        mask_pixels, _ = _mask_pixels(pair, mask, options)
+        mask_pixels, _ = _mask_pixels(pair, _decoded(mask), options)
     return image_pixels, mask_pixels
+
+
+def _decoded(pixels: Image.Image | np.ndarray) -> _Decoded:
+    if isinstance(pixels, np.ndarray):
+        return _Decoded(None, pixels, b"", "array", False)
+    return _Decoded(pixels, None, b"", (pixels.format or "").lower(), False)

@@ -10,8 +10,12 @@
   (``--decode-limit``); the error names the limit when it is exceeded. Pillow's
   pixel limit (its decompression-bomb guard) is replaced by this stated bound.
 
-Windows come back as Pillow images (mode L, RGB or RGBA for 8-bit pixels), which the
-shard job checks and converts as it does whole images (``validation.checked_pixels``).
+Windows come back as Pillow images (mode L, RGB or RGBA for 8-bit pixels) or as arrays
+(16-bit or multi-band pixels, ``.npy`` files, multi-page TIFFs, read as
+``deep_files`` reads them whole), which the shard job checks and converts as it does
+whole images (``validation.checked_pixels``). A ``.npy`` file is memory-mapped: its
+windows are read from the file, the array never whole in memory. A multi-page TIFF
+(bands as pages) is decoded whole, within the decode limit.
 The TIFF ``Orientation`` tag is not applied to TIFFs read by windows.
 """
 
@@ -27,6 +31,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from tfshards import storage
+from tfshards.converters import deep_files
 from tfshards.schemas.tiles import Window
 from tfshards.storage import Location, StorageOptions
 
@@ -42,7 +47,7 @@ class WindowSource(Protocol):
     height: int
     width: int
 
-    def read(self, window: Window) -> Image.Image: ...
+    def read(self, window: Window) -> Image.Image | np.ndarray: ...
 
 
 def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool]:
@@ -65,15 +70,41 @@ def window_source(
     path: Location, limit: int, store: StorageOptions = None
 ) -> Iterator[WindowSource]:
     """A source of windows of the image at ``path`` (see the module docstring)."""
+    if deep_files.is_npy(path):
+        yield WholeArray(_npy_pixels(path, limit, store))
+        return
     if _is_tiff(path) and _tifffile() is not None:
         with _opened_tiff(path, store) as tiff:
             page = tiff.pages.first
-            if page.planarconfig == 1 or page.samplesperpixel == 1:
+            if len(tiff.pages) > 1:  # bands as pages: the series decoded whole
+                yield WholeArray(_tiff_series(tiff, limit))
+            elif page.planarconfig == 1 or page.samplesperpixel == 1:
                 yield TiffWindows(tiff, page, _file_size(path, store), limit)
-            else:
-                yield WholeImage(_tiff_pixels(page, path, limit))
+            else:  # separate planes: decoded whole
+                pixels = _tiff_pixels(page, path, limit)
+                yield WholeArray(pixels) if isinstance(pixels, np.ndarray) else WholeImage(pixels)
         return
     yield WholeImage(_pillow_image(path, limit, store))
+
+
+def _npy_pixels(path: Location, limit: int, store: StorageOptions) -> np.ndarray:
+    """A ``.npy`` image: memory-mapped where it is a local file (windows read from disk),
+    else read whole within the decode limit."""
+    if not storage.is_url(path):
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    else:
+        size = _file_size(path, store)
+        _check_limit(1, 1, size or 0, limit)
+        array = deep_files.array_of(storage.read_bytes(path, store), path)
+    if array.ndim not in (2, 3) or 0 in array.shape:
+        raise WindowError(f"a {array.ndim}-D array of shape {array.shape}; images are 2-D or 3-D")
+    return array
+
+
+def _tiff_series(tiff: Any, limit: int) -> np.ndarray:
+    series = tiff.series[0]
+    _check_limit(1, 1, int(np.prod(series.shape)) * series.dtype.itemsize, limit)
+    return deep_files.tiff_bands_last(series.asarray(), series.axes)
 
 
 def middle_window(path: Location, store: StorageOptions = None, size: int = 1024) -> np.ndarray:
@@ -88,6 +119,23 @@ def middle_window(path: Location, store: StorageOptions = None, size: int = 1024
         height, width = min(size, source.height), min(size, source.width)
         window = Window((source.height - height) // 2, (source.width - width) // 2, height, width)
         return np.asarray(source.read(window))
+
+
+class WholeArray:
+    """An array [H, W] or [H, W, C] (a memory-mapped ``.npy``, a multi-page TIFF); windows
+    are slices of it. A ``.npy`` of (bands, H, W) is told by its mask (``bands_by_mask``)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.height, self.width = array.shape[0], array.shape[1]
+
+    def bands_by_mask(self, height: int, width: int) -> None:
+        self.array = deep_files.bands_last(self.array, (height, width))
+        self.height, self.width = self.array.shape[0], self.array.shape[1]
+
+    def read(self, window: Window) -> np.ndarray:
+        rows, columns = slice(window.row, window.bottom), slice(window.column, window.right)
+        return np.ascontiguousarray(self.array[rows, columns])
 
 
 class WholeImage:
@@ -189,19 +237,17 @@ def _ceil_div(value: int, step: int) -> int:
     return -(-value // step)
 
 
-def _as_image(pixels: np.ndarray) -> Image.Image:
-    """A Pillow image of window pixels [H, W, samples] (one sample: a 2-D image)."""
-    if pixels.shape[2] == 1:
+def _as_image(pixels: np.ndarray) -> Image.Image | np.ndarray:
+    """Window pixels [H, W, samples] as Pillow holds them for 8-bit gray, RGB or RGBA
+    (checked and converted as whole images are); others (16-bit, multi-band) as arrays."""
+    if pixels.dtype == np.uint8 and pixels.shape[2] == 1:
         return Image.fromarray(np.ascontiguousarray(pixels[:, :, 0]))
     if pixels.dtype == np.uint8 and pixels.shape[2] in (3, 4):
         return Image.fromarray(np.ascontiguousarray(pixels))
-    raise WindowError(
-        f"{pixels.shape[2]} samples of {pixels.dtype} per pixel: tiles are made of 8-bit gray, "
-        "RGB or RGBA images"
-    )
+    return pixels[:, :, 0] if pixels.shape[2] == 1 else pixels
 
 
-def _tiff_pixels(page: Any, path: Location, limit: int) -> Image.Image:
+def _tiff_pixels(page: Any, path: Location, limit: int) -> Image.Image | np.ndarray:
     """A TIFF page that cannot be read by windows (separate planes), decoded whole."""
     _check_limit(page.imagelength, page.imagewidth, page.samplesperpixel * page.dtype.itemsize,
                  limit)  # fmt: skip

@@ -59,7 +59,7 @@ class SourceTiles(Sequence[Tile]):
         where = f"{self.pairs.records.located(record)} (record {record})"
         try:
             features = parse_example(data)
-            decoded = decode_record(features)
+            decoded = decode_record(features, self.pairs.manifest.image.dtype)
         except ValueError as exc:
             raise RecordTableError(f"{where}: {exc}") from exc
         window = self.windows[index]
