@@ -81,6 +81,7 @@ def exposure(
     sampling: Any = None,
     epoch_size: int | None = None,
     storage_options: StorageOptions = None,
+    label_map: Any = None,
 ) -> Exposure:
     """Each class's share of pixels and records in one epoch of ``read(path, split=split,
     records=..., sampling=..., epoch_size=...)``, beside every record once.
@@ -93,4 +94,6 @@ def exposure(
 
     shards = split_shards(path, split, storage_options=storage_options)
     table = split_table(shards, storage_options=storage_options)
+    if label_map is not None:  # a resolved LabelMap (readers/labels.py)
+        table = label_map.table(table)
     return exposure_of(table, select(table, records, sampling, epoch_size))

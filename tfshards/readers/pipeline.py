@@ -12,7 +12,7 @@ crops and pads included, resumable); the tf.data service's is a chain of stages
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +29,8 @@ from tfshards.readers.cache import DiskCache, default_cache_root
 from tfshards.readers.cache.native import NativeStore
 from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
+from tfshards.readers.mix_plan import mixed_store, plan_mix
+from tfshards.readers.mixing import Source
 from tfshards.readers.options import ReadOptions
 from tfshards.readers.ordered import ordered_dataset, store_rows
 from tfshards.readers.plan import plan_read
@@ -51,7 +53,7 @@ STAGES = (  # the tf.data service's per-pair path
 
 
 def read(
-    path: str | os.PathLike,
+    path: str | os.PathLike | Mapping[str, str | os.PathLike | Source],
     *,
     split: str = "train",
     batch_size: int = 32,
@@ -73,6 +75,9 @@ def read(
     records: Sequence[str] | Sequence[int] | np.ndarray | None = None,
     sampling: Sequence[float] | np.ndarray | ClassBalanced | None = None,
     epoch_size: int | None = None,
+    label_map: Mapping[int, int | None] | Sequence[int | None] | None = None,
+    num_classes: int | None = None,
+    weights: Mapping[str, float] | Sequence[float] | None = None,
 ) -> tf.data.Dataset:
     """Stream ``(image, mask)`` batches of one split of a converted dataset.
 
@@ -107,6 +112,17 @@ def read(
     decided from the table before a pixel is read, and resume exactly
     (docs: "Sampling and subsets").
 
+    label_map: read the masks in other classes, without reconverting: ``{class: shared
+    class or None}`` (None: the ignore label; classes not named keep their index) or a
+    list of one per class; ``num_classes``: the classes read (default: the largest
+    target + 1). ``tfshards.class_weights`` and ``info`` take the same map.
+
+    Several datasets at once: ``path={"city": "cityscapes/", "synth": "gta/"}`` (a path
+    or a ``tfshards.Source`` with its own label_map, records and sampling) with
+    ``weights={"city": 0.7, "synth": 0.3}``: each epoch of ``epoch_size`` records
+    (default: all of them) draws each dataset's share, interleaved, as a function of
+    (seed, epoch) (docs: "Mixing datasets").
+
     cache: None streams; "memory" caches in RAM; True caches decoded uint8 pairs on disk
     beside the shards (or in the user cache folder); a path caches there. A disk cache is
     keyed by the shards' hashes and the options, so it is rebuilt when either changes.
@@ -118,7 +134,12 @@ def read(
     keep_freed_batches()  # see malloc_arenas.py
     # Every keyword but start= goes to the plan, as given (plan_read checks them all).
     arguments = {name: value for name, value in locals().items() if name != "start"}
-    plan = plan_read(**arguments)
+    if isinstance(path, Mapping):
+        plan = plan_mix(**arguments)
+    elif weights is not None:
+        raise OptionsError("weights= mixes several datasets: pass path={name: path, ...}")
+    else:
+        plan = plan_read(**arguments)
     check_batches(plan)
     if plan.ordered:
         check_start(start, plan)
@@ -139,6 +160,8 @@ def pair_store(plan) -> PairStore | NativeStore | None:
     shards, shape = plan.shards, plan.shape
     if plan.cache.kind == "none":
         return None
+    if plan.mix is not None:
+        return mixed_store(plan)
     records, subset = shards.records, ""
     if (rows := store_rows(plan.selection)) is not None:  # only the records it can draw
         records, subset = int(rows.max()) + 1, plan.selection.digest
