@@ -10,8 +10,10 @@ import pytest
 from PIL import Image
 
 import tfshards
+from tests.conftest import run_json_script
 from tfshards.errors import OptionsError
 from tfshards.readers.labels import label_map, remapped_table
+from tfshards.readers.resume import ReadState, ResumeError
 from tfshards.schemas.record_table import RecordTable, record_row
 
 SIZES = {"a": 40, "b": 15}  # records of each dataset
@@ -85,18 +87,15 @@ def test_a_label_map_remaps_every_mask_pixel_at_read_time(two):
 
 
 def test_a_label_map_applies_to_a_cached_read_and_the_cache_serves_any_map(two, tmp_path):
-    arguments = {"batch_size": 8, "image_dtype": "uint8", "shuffle": False, "cache": tmp_path}
-    first = [m.numpy() for _, m in tfshards.read(two["a"], label_map=[0, 0, 0, 1], **arguments)]
-    for _ in range(2):  # the cache is complete after the first epoch: now read from it
-        again = [m.numpy() for _, m in tfshards.read(two["a"], **arguments)]
-        mapped = [
-            m.numpy() for _, m in tfshards.read(two["a"], label_map=[0, 0, 0, 1], **arguments)
-        ]
-    assert [np.array_equal(np.array([0, 0, 0, 1])[x], y) for x, y in zip(again, mapped)] == [
-        True
-    ] * 5
-    assert all(np.array_equal(x, y) for x, y in zip(first, mapped, strict=True))
-    assert len(list(tmp_path.rglob("*.ready*")) or list(tmp_path.iterdir())) >= 1
+    arguments = {"batch_size": 8, "image_dtype": "uint8", "shuffle": False}
+    plain = [m.numpy() for _, m in tfshards.read(two["a"], **arguments)]
+    lookup = np.array([0, 0, 0, 1])
+    for given in ([0, 0, 0, 1], None, [0, 0, 0, 1]):  # built mapped, read back both ways
+        read = tfshards.read(two["a"], cache=tmp_path, label_map=given, **arguments)
+        masks = [m.numpy() for _, m in read]
+        wanted = plain if given is None else [lookup[m] for m in plain]
+        assert all(np.array_equal(x, y) for x, y in zip(masks, wanted, strict=True))
+    assert [entry.state for entry in tfshards.list_caches(tmp_path)] == ["ready"]
 
 
 def test_a_label_map_remaps_info_and_class_weights(two):
@@ -143,3 +142,106 @@ def test_a_label_map_target_outside_num_classes_is_refused(two):
     manifest = tfshards.Manifest.load(two["a"])
     with pytest.raises(OptionsError, match="ignore label 255 is one of"):
         label_map({1: 300}, manifest, where="x")
+
+
+# Point 1: weighted mixing ---------------------------------------------------------------
+
+
+def _epochs(read, count: int) -> list[list[tuple[int, int]]]:
+    return [_seen(read) for _ in range(count)]
+
+
+def test_each_dataset_gets_its_share_of_every_epoch_floor_or_ceiling(two):
+    read = _mixed(two, epoch_size=42, seed=3)  # a: 31.5, b: 10.5 records an epoch
+    assert read.cardinality().numpy() == 6
+    counts = []
+    for epoch in _epochs(read, 6):
+        assert len(epoch) == 42
+        per_source = [sum(tag == t for tag, _ in epoch) for t in (1, 2)]
+        assert per_source in ([31, 11], [32, 10])
+        counts.append(per_source[0])
+        for tag in (1, 2):  # larger than its count: sampled without repeats
+            picked = [index for t, index in epoch if t == tag]
+            assert len(set(picked)) == len(picked)
+    assert set(counts) == {31, 32}  # the extra record goes either way, by (seed, epoch)
+    assert abs(np.mean(counts) - 31.5) <= 0.5  # shares within one record per epoch
+
+
+def test_a_dataset_smaller_than_its_count_is_read_whole_then_sampled(two):
+    read = _mixed(two, weights={"a": 1, "b": 1}, epoch_size=40, seed=0)  # b: 20 of its 15
+    for epoch in _epochs(read, 3):
+        picked = [index for tag, index in epoch if tag == 2]
+        assert len(picked) == 20
+        held = np.bincount(picked, minlength=SIZES["b"])
+        assert held.min() == 1 and held.max() == 2 and (held == 2).sum() == 5
+
+
+def test_datasets_are_interleaved_through_the_epoch_not_in_blocks(two):
+    read = _mixed(two, weights={"a": 1, "b": 1}, epoch_size=30, seed=5, batch_size=5)
+    for epoch in _epochs(read, 3):
+        tags = [tag for tag, _ in epoch]
+        runs = 1 + sum(x != y for x, y in zip(tags, tags[1:], strict=False))
+        assert runs >= 8  # blocks would give 2; a random merge of 15 + 15 about 16
+        assert {1, 2} <= set(tags[:10]) and {1, 2} <= set(tags[-10:])
+
+
+def test_mixed_epochs_are_the_same_in_another_process_and_differ_between_epochs(two):
+    read = _mixed(two, seed=7)
+    here = _epochs(read, 2)
+    assert here[0] != here[1]
+    code = (
+        "import json, sys\nimport tfshards\n"
+        "r = tfshards.read({'a': sys.argv[1], 'b': sys.argv[2]}, weights={'a': 0.75, "
+        "'b': 0.25}, epoch_size=40, batch_size=8, image_dtype='uint8', seed=7)\n"
+        "print(json.dumps([[[int(v) for v in p] for i, _ in r for p in i[:, 0, 0, :2].numpy()]"
+        " for _ in range(2)]))"
+    )
+    there = run_json_script(code, two["a"], two["b"])
+    assert there == [[[i, t] for t, i in epoch] for epoch in here]
+
+
+@pytest.mark.parametrize("position", [(0, 0), (0, 3), (1, 4), (3, 2)])
+def test_a_mixed_read_resumes_at_any_batch_bit_for_bit(two, position):
+    read = _mixed(two, seed=2, repeat=True)
+    flat = [(i.numpy(), m.numpy()) for i, m in read.take(5 * 5)]
+    epoch, batch = position
+    resumed = _mixed(two, seed=2, repeat=True, start=position)
+    for k, (image, mask) in enumerate(resumed.take(4)):
+        want = flat[epoch * 5 + batch + k]
+        assert np.array_equal(image.numpy(), want[0]) and np.array_equal(mask.numpy(), want[1])
+
+
+def test_a_state_of_another_mix_is_refused_and_its_own_resumes(two):
+    read = _mixed(two, seed=0)
+    state = ReadState(**(read._tfshards_reader.identity | {"epoch": 1, "records_done": 16}))
+    whole = [_seen(read) for _ in range(2)][1]
+    assert _seen(_mixed(two, seed=0, start=state))[:24] == whole[16:]  # one epoch long
+    for other in ({"weights": {"a": 0.5, "b": 0.5}}, {"epoch_size": 48}):
+        with pytest.raises(ResumeError, match="made with"):
+            list(_mixed(two, seed=0, start=state, **other))
+
+
+def test_mixed_pipelines_read_equal_batches_that_make_up_the_epoch(two):
+    import tensorflow as tf
+
+    single = _seen(_mixed(two, seed=1))
+    parts = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(2, pipeline, 1)
+        read = _mixed(two, seed=1, batch_size=8, input_context=context)
+        parts.append([_seen([batch]) for batch in read])
+    assert len(parts[0]) == len(parts[1]) == 2  # 40 records: 2 whole rounds of 2 x 8
+    rounds = [x + y for x, y in zip(parts[0], parts[1], strict=True)]
+    assert sum(rounds, []) == single[:32]  # the one global order, cut per round
+
+
+def test_a_mixed_cache_keeps_one_entry_per_dataset_and_serves_later_epochs(two, tmp_path):
+    read = _mixed(two, weights={"a": 1, "b": 1}, epoch_size=80, seed=0, cache=tmp_path)
+    first = _seen(read)  # 40 of each: every record of both drawn in the first epoch
+    entries = tfshards.list_caches(tmp_path)
+    assert sorted(e.info.records for e in entries) == [15, 40]
+    assert {e.state for e in entries} == {"ready"}
+    again = _mixed(two, weights={"a": 1, "b": 1}, epoch_size=80, seed=0, cache=tmp_path)
+    assert _seen(again) == first and _seen(again) == _seen(
+        _mixed(two, weights={"a": 1, "b": 1}, epoch_size=80, seed=0, start=(1, 0))
+    )
