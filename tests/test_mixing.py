@@ -245,3 +245,147 @@ def test_a_mixed_cache_keeps_one_entry_per_dataset_and_serves_later_epochs(two, 
     assert _seen(again) == first and _seen(again) == _seen(
         _mixed(two, weights={"a": 1, "b": 1}, epoch_size=80, seed=0, start=(1, 0))
     )
+
+
+# Point 3: one taxonomy -------------------------------------------------------------------
+
+B_MAP = {"b": tfshards.Source, "label_map": {2: 3}, "unannotated": [2]}
+
+
+def _taxonomy(two) -> dict:
+    """b's class 2 is a's class 3; b never annotated shared class 2 (its own 0 holds it),
+    so b's 0 pixels are ignored: [0, 1, 2] -> [255, 1, 3]."""
+    return {"a": two["a"], "b": tfshards.Source(two["b"], label_map={2: 3, 0: 2}, unannotated=[2])}
+
+
+def test_each_dataset_is_read_through_its_map_into_one_taxonomy(two):
+    plain = {
+        name: tfshards.read(two[name], batch_size=64, image_dtype="uint8", shuffle=False)
+        for name in two
+    }
+    stored = {}
+    for name, read in plain.items():
+        for image, mask in read:
+            for index, m in zip(image[:, 0, 0, 0].numpy(), mask.numpy(), strict=True):
+                stored[TAGS[name], int(index)] = m
+    lookup = {1: np.array([0, 1, 2, 3]), 2: np.array([255, 1, 3])}
+    read = _mixed(_taxonomy(two), weights=[1, 1], seed=0)
+    checked = 0
+    for image, mask in read:
+        for (index, tag), m in zip(image[:, 0, 0, :2].numpy(), mask.numpy(), strict=True):
+            assert np.array_equal(m, lookup[tag][stored[tag, index]])  # pixel by pixel
+            checked += tag == 2
+    assert checked >= 15
+
+
+def test_class_weights_and_the_report_are_in_the_shared_taxonomy(two):
+    sources = _taxonomy(two)
+    report = tfshards.mix_exposure(sources, weights=[0.5, 0.5], epoch_size=30)
+    assert report.pixels.shape == (2, 4) and report.epoch_records == 30
+    assert report.pixels[1, 0] == 0 and report.pixels[1, 2] == 0  # b: ignored, never mapped
+    b_pixels = tfshards.info(two["b"]).class_pixels("train")
+    assert report.pixels[1, 3] == pytest.approx(b_pixels[2] * 15 / SIZES["b"])
+    weights = tfshards.class_weights(sources, weights=[0.5, 0.5], epoch_size=30)
+    assert sorted(weights) == [0, 1, 2, 3, 255] and weights[255] == 0
+    total = report.pixels.sum(axis=0)
+    assert weights[0] / weights[3] == pytest.approx(total[3] / total[0])
+
+
+def test_datasets_of_different_sizes_mix_with_crop_size_or_image_size(two, tmp_path):
+    large = _dataset(tmp_path / "big", "b", 10, side=16)
+    sources = {"a": two["a"], "b": large}
+    with pytest.raises(OptionsError, match=r"'a' and 'b' differ in size \(8x8 and 16x16\)"):
+        _mixed(sources, weights=[1, 1])
+    for sizing in ({"crop_size": (8, 8)}, {"image_size": (8, 8)}):
+        read = _mixed(sources, weights=[1, 1], epoch_size=20, seed=0, **sizing)
+        seen = _seen(read)
+        assert len(seen) == 20 and {t for t, _ in seen} == {1, 2}
+    for image, mask in _mixed(sources, weights=[1, 1], epoch_size=20, crop_size=(8, 8)):
+        assert image.shape[1:] == (8, 8, 3) and mask.shape[1:] == (8, 8, 1)
+
+
+def test_datasets_of_other_channels_or_ignore_labels_are_refused_naming_both(two, tmp_path):
+    gray = _dataset(tmp_path / "gray", "b", 6, channels=1)
+    with pytest.raises(OptionsError, match=r"'a' and 'g' differ in image channels \(3 and 1\)"):
+        _mixed({"a": two["a"], "g": gray}, weights=[1, 1])
+    ignoring = _dataset(tmp_path / "ignoring", "b", 6, ignore_label=255)
+    with pytest.raises(OptionsError, match=r"'a' and 'i' declare different ignore labels"):
+        _mixed({"a": two["a"], "i": ignoring}, weights=[1, 1])
+
+
+# Point 2: per-dataset subsets and sampling -----------------------------------------------
+
+
+def test_a_subset_of_one_dataset_and_class_balance_within_another(two):
+    keys = [f"{i:03d}" for i in range(10)]
+    balanced = tfshards.ClassBalanced(exclude=[0, 1])
+    sources = {
+        "a": tfshards.Source(two["a"], sampling=balanced),
+        "b": tfshards.Source(two["b"], records=keys),
+    }
+    for epoch in _epochs(_mixed(sources, weights=[0.5, 0.5], epoch_size=40, seed=1), 3):
+        b = sorted(index for tag, index in epoch if tag == 2)
+        assert b == sorted(list(range(10)) * 2)  # its 10 records, each twice
+        a = [index for tag, index in epoch if tag == 1]
+        assert len(a) == 20 and sum(i % 4 == 0 for i in a) >= 8  # class 3: half the draws
+
+
+# Point 5: the report ---------------------------------------------------------------------
+
+
+def test_the_report_gives_each_dataset_and_class_share_of_an_epoch(two, capsys):
+    from tfshards.cli import main
+
+    report = tfshards.mix_exposure(two, weights={"a": 0.75, "b": 0.25}, epoch_size=40)
+    assert report.source_share.tolist() == [0.75, 0.25]
+    assert report.records.tolist() == [30, 10]
+    a_holding = np.mean([i % 4 == 0 for i in range(40)])  # class 3, a only
+    assert report.class_record_share[3] == pytest.approx(0.75 * a_holding)
+    read = _mixed(two, seed=0)
+    seen = np.concatenate(
+        [[(m == 3).any() for m in mask.numpy()] for _ in range(10) for _, mask in read]
+    )
+    assert abs(seen.mean() - report.class_record_share[3]) < 0.03  # over 10 epochs
+    assert main(["inspect", f"a={two['a']}", f"b={two['b']}", "--weights", "3", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "one epoch of 55 records" in out and "75.0%" in out and "25.0%" in out
+
+
+# Point 6: bad input, refused before the first batch --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "match"),
+    [
+        ({"weights": None}, r"need weights="),
+        ({"weights": {"a": 1}}, r"missing \['b'\]"),
+        ({"weights": {"a": 1, "b": 1, "c": 1}}, r"unknown \['c'\]"),
+        ({"weights": [1]}, r"1 weights for 2 datasets"),
+        ({"weights": {"a": -1, "b": 1}}, r"'a' must be a finite number >= 0"),
+        ({"weights": {"a": float("nan"), "b": 1}}, r"'a' must be a finite number >= 0"),
+        ({"weights": [0, 0]}, r"all zero"),
+        ({"weights": [1, 1], "records": [0]}, r"records= with several datasets"),
+        ({"weights": [1, 1], "label_map": {1: 0}}, r"label_map= with several datasets"),
+        ({"weights": [1, 1], "epoch_size": 0}, r"epoch_size"),
+        ({"weights": [1, 1], "num_classes": 3}, r"'a'.*reads classes \[3\]"),
+    ],
+)
+def test_bad_mixes_are_refused(two, arguments, match):
+    with pytest.raises(OptionsError, match=match):
+        tfshards.read(two, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("source", "match"),
+    [
+        ({"label_map": {5: 1}}, r"dataset 'b'.*5 is not one of its 3 classes"),
+        ({"label_map": {1: 9}, "unannotated": []}, r"reads classes \[9\] but the shared"),
+        ({"unannotated": [7]}, r"unannotated of dataset 'b': class 7 is outside"),
+        ({"records": ["nope"]}, r"dataset 'b': records=.*nope"),
+        ({"sampling": [1.0]}, r"dataset 'b': sampling= needs one weight per record"),
+    ],
+)
+def test_bad_sources_are_refused_naming_them(two, source, match):
+    sources = {"a": two["a"], "b": tfshards.Source(two["b"], **source)}
+    with pytest.raises(OptionsError, match=match):
+        tfshards.read(sources, weights=[1, 1], num_classes=4)

@@ -11,6 +11,7 @@ TFDS metadata and :func:`class_weights` take the class count from :func:`info`.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,10 +90,13 @@ def class_weights(
     epoch_size: int | None = None,
     label_map: Any = None,
     num_classes: int | None = None,
+    weights: Any = None,
 ) -> dict[int, float]:
     """``{class: weight}`` for ``model.fit(class_weight=...)``, from a split's pixel counts.
 
-    With ``label_map`` (as ``read`` takes it), in the classes read through it.
+    With ``label_map`` (as ``read`` takes it), in the classes read through it. With
+    several datasets (``path={name: path or Source}`` and ``weights``, as ``read`` mixes
+    them), from the pixels one epoch of the mix shows, in the shared classes.
     With ``records``, ``sampling`` or ``epoch_size`` (as ``read`` takes them), from the
     pixels one epoch of that read shows on average (``tfshards.exposure``), so a sampling
     that already shows a rare class more is not corrected for twice.
@@ -104,6 +108,10 @@ def class_weights(
     """
     if method not in WEIGHT_METHODS:
         raise OptionsError(f"method must be one of {', '.join(WEIGHT_METHODS)}; got {method!r}")
+    if isinstance(path, Mapping):  # several datasets, as read() mixes them
+        return _mixed_weights(
+            path, split, method, storage_options, weights, epoch_size, num_classes
+        )
     dataset = info(
         path, storage_options=storage_options, label_map=label_map, num_classes=num_classes
     )
@@ -125,6 +133,28 @@ def class_weights(
     if dataset.ignore_label is not None:
         weights[dataset.ignore_label] = 0.0
     return weights
+
+
+def _mixed_weights(
+    sources: Mapping, split: str, method: str, storage_options, weights, epoch_size, num_classes
+) -> dict[int, float]:
+    """class_weights of a mix: from the pixels one epoch of it shows, shared classes."""
+    from tfshards.checks.mix_report import mix_exposure
+    from tfshards.readers.mixing import sources_of
+
+    report = mix_exposure(
+        sources,
+        weights=weights,
+        epoch_size=epoch_size,
+        split=split,
+        num_classes=num_classes,
+        storage_options=storage_options,
+    )
+    out = dict(enumerate(weights_from_pixels(report.pixels.sum(axis=0).tolist(), method)))
+    first = next(iter(sources_of(sources).values()))
+    ignore = Manifest.load(first.path, storage_options).mask.ignore_label
+    out[255 if ignore is None else ignore] = 0.0  # label maps ignore pixels with it
+    return out
 
 
 def weights_from_pixels(pixels: list[float], method: str) -> list[float]:

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from tfshards.errors import OptionsError
-from tfshards.readers.sizing import DEFAULT_PAD_LABEL
 from tfshards.schemas.manifest import Manifest
 from tfshards.schemas.record_table import RecordTable, smallest_unsigned
 
 IGNORED = -1  # a lookup entry: the pixel becomes the shared ignore label
 MASK_VALUES = 256  # masks are stored as uint8: every value has an entry
+# readers/sizing.py's DEFAULT_PAD_LABEL (which imports TensorFlow; info() does not)
+DEFAULT_PAD_LABEL = 255
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,6 +235,8 @@ class MaskLabels:
 def read_labels(shards: Any, a: dict[str, Any], unordered: str | None) -> LabelMap | None:
     """read()'s ``label_map=`` and ``num_classes=`` for one dataset, checked."""
     given, classes = a.get("label_map"), a.get("num_classes")
+    if a.get("weights") is not None:
+        raise OptionsError("weights= mixes several datasets: pass path={name: path, ...}")
     if given is None:
         if classes is not None:
             raise OptionsError(

@@ -339,13 +339,18 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
 
         steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
 
-    return steps.map(
-        _loader(reader, decode, place), num_parallel_calls=AUTOTUNE, deterministic=True
-    )
+    load = _loader(reader, decode, place)
+    relabel = relabeller(reader.labels)  # label maps: after the cache, which keeps masks as stored
+
+    def relabelled(step: tf.Tensor):
+        step, image, mask, indices = load(step)
+        return step, image, relabel(indices, mask)
+
+    return steps.map(relabelled, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def _loader(reader: OrderedReader, decode, place):
-    """The map function of ``ordered_batches``: step -> (step, image, mask)."""
+    """The map function of ``ordered_batches``: step -> (step, image, mask, indices)."""
     fetch, keep = _body(reader, "fetch"), _body(reader, "keep")
     # Closures below hold plain values, not the reader (see _body).
     shape, tf_decodes = reader.shape, reader.pixels is None
@@ -355,13 +360,8 @@ def _loader(reader: OrderedReader, decode, place):
     delivered = reader.delivered_shape
     sized = reader.sizing is not None and reader.sizing.active
     ready = reader.store is not None and reader.store.ready  # a disk cache built before
-    relabel = relabeller(reader.labels)  # label maps: after the cache, which keeps masks as stored
 
     def load(step: tf.Tensor):
-        step, image, mask, indices = pair_of(step)
-        return step, image, relabel(indices, mask)
-
-    def pair_of(step: tf.Tensor):
         indices, records, decoded, images, masks, boxes = tf.py_function(
             fetch, [step], [tf.int64, tf.string, tf.bool, tf.uint8, tf.int32, tf.int32]
         )

@@ -112,16 +112,8 @@ def read(
     decided from the table before a pixel is read, and resume exactly
     (docs: "Sampling and subsets").
 
-    label_map: read the masks in other classes, without reconverting: ``{class: shared
-    class or None}`` (None: the ignore label; classes not named keep their index) or a
-    list of one per class; ``num_classes``: the classes read (default: the largest
-    target + 1). ``tfshards.class_weights`` and ``info`` take the same map.
-
-    Several datasets at once: ``path={"city": "cityscapes/", "synth": "gta/"}`` (a path
-    or a ``tfshards.Source`` with its own label_map, records and sampling) with
-    ``weights={"city": 0.7, "synth": 0.3}``: each epoch of ``epoch_size`` records
-    (default: all of them) draws each dataset's share, interleaved, as a function of
-    (seed, epoch) (docs: "Mixing datasets").
+    label_map ``{class: shared class or None}``, num_classes: masks read in other classes;
+    path ``{"a": "a/", "b": "b/"}`` with ``weights`` mixes datasets ("Mixing datasets").
 
     cache: None streams; "memory" caches in RAM; True caches decoded uint8 pairs on disk
     beside the shards (or in the user cache folder); a path caches there. A disk cache is
@@ -134,12 +126,7 @@ def read(
     keep_freed_batches()  # see malloc_arenas.py
     # Every keyword but start= goes to the plan, as given (plan_read checks them all).
     arguments = {name: value for name, value in locals().items() if name != "start"}
-    if isinstance(path, Mapping):
-        plan = plan_mix(**arguments)
-    elif weights is not None:
-        raise OptionsError("weights= mixes several datasets: pass path={name: path, ...}")
-    else:
-        plan = plan_read(**arguments)
+    plan = plan_mix(**arguments) if isinstance(path, Mapping) else plan_read(**arguments)
     check_batches(plan)
     if plan.ordered:
         check_start(start, plan)
