@@ -389,3 +389,29 @@ def test_bad_sources_are_refused_naming_them(two, source, match):
     sources = {"a": two["a"], "b": tfshards.Source(two["b"], **source)}
     with pytest.raises(OptionsError, match=match):
         tfshards.read(sources, weights=[1, 1], num_classes=4)
+
+
+# Pairs: the same for PyTorch and Grain ---------------------------------------------------
+
+
+def test_pairs_read_a_label_map_like_read(two):
+    pairs = tfshards.Pairs(two["a"], label_map={3: 1, 2: None})
+    plain = tfshards.Pairs(two["a"])
+    lookup = np.array([0, 1, 255, 1])
+    for index in range(len(pairs)):
+        assert np.array_equal(pairs[index][1], lookup[plain[index][1]])
+        assert pairs[index][1].dtype == np.uint8
+
+
+def test_mixed_pairs_give_reads_epochs_and_pairs(two):
+    sources = _taxonomy(two)
+    pairs = tfshards.Pairs(sources, weights=[0.75, 0.25], epoch_size=40, seed=4)
+    assert isinstance(pairs, tfshards.Pairs) and len(pairs) == 55
+    read = _mixed(sources, weights=[0.75, 0.25], seed=4)
+    for epoch in range(2):
+        batches = [(i.numpy(), m.numpy()) for i, m in read]
+        images = np.concatenate([i for i, _ in batches])
+        masks = np.concatenate([m for _, m in batches])
+        got = pairs.__getitems__(pairs.epoch(epoch).tolist())
+        assert np.array_equal(np.stack([g[0] for g in got]), images)
+        assert np.array_equal(np.stack([g[1] for g in got]).astype(np.int32), masks)

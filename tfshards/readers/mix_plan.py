@@ -14,6 +14,7 @@ from tfshards.arguments import checked_int
 from tfshards.errors import OptionsError
 from tfshards.readers.mixing import (
     Mix,
+    MixedRecords,
     Part,
     Source,
     balanced_of,
@@ -173,57 +174,6 @@ def _joined_table(parts: tuple[Part, ...]):
             table = table if part.labels is None else part.labels.table(table)
         tables.append(table)
     return RecordTable.concatenated(tables, max(t.num_classes for t in tables))
-
-
-class _Kind:
-    def __init__(self, compressed: bool) -> None:
-        self.compressed = compressed
-
-
-class MixedRecords:
-    """The records of several splits by one global index (source ``s`` from
-    ``first[s]`` on), with the SplitRecords interface the ordered reader uses."""
-
-    def __init__(self, names: list[str], parts: list[Any]) -> None:
-        self.names, self.parts = names, parts
-        sizes = [len(part) for part in parts]
-        self.first = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.downloads = next((p.downloads for p in parts if p.downloads is not None), None)
-        self.kind = _Kind(any(p.kind.compressed for p in parts))
-
-    def __len__(self) -> int:
-        return int(self.first[-1])
-
-    def by_source(self, indices: np.ndarray):
-        """(source, positions in ``indices``, local indices) for each source present."""
-        indices = np.asarray(indices, np.int64)
-        source = np.searchsorted(self.first, indices, side="right") - 1
-        for s in np.unique(source).tolist():
-            positions = np.flatnonzero(source == s)
-            yield s, positions, indices[positions] - self.first[s]
-
-    def read(self, indices) -> list[bytes]:
-        out: list[bytes] = [b""] * len(indices)
-        for s, positions, local in self.by_source(indices):
-            for position, data in zip(positions, self.parts[s].read(local), strict=True):
-                out[position] = data
-        return out
-
-    def read_each(self, indices, read_one) -> None:
-        for s, positions, local in self.by_source(indices):
-            self.parts[s].read_each(local, lambda k, *rest, p=positions: read_one(p[k], *rest))
-
-    def located(self, index: int) -> str:
-        (s, _, local), *_ = self.by_source(np.array([index]))
-        return f"dataset {self.names[s]!r}: {self.parts[s].located(int(local[0]))}"
-
-    def prefetch(self, indices) -> None:
-        for s, _, local in self.by_source(indices):
-            self.parts[s].prefetch(local)
-
-    def close(self) -> None:
-        for part in self.parts:
-            part.close()
 
 
 class MixedStore:

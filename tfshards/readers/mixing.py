@@ -229,20 +229,38 @@ class Mix:
         return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
     def order(self, shuffle: bool, seed: int) -> MixOrder:
-        bases = tuple(
-            EpochOrder(
-                tuple(shard.records for shard in part.plan.shards.shards),
-                shuffle,
-                _source_seed(seed, k),
-                part.plan.group_shards,
-            )
-            for k, part in enumerate(self.parts)
-        )
-        selections = tuple(part.plan.selection for part in self.parts)
-        return MixOrder(
-            bases, selections, self.offsets, self.shares, self.epoch_size, seed, shuffle,
+        plans = [part.plan for part in self.parts]
+        return mix_order(
+            [tuple(shard.records for shard in plan.shards.shards) for plan in plans],
+            [plan.group_shards for plan in plans],
+            [plan.selection for plan in plans],
+            self.shares,
+            self.epoch_size,
+            seed,
+            shuffle,
             self.selection,
-        )  # fmt: skip
+        )
+
+
+def mix_order(
+    shard_records: Sequence[tuple[int, ...]],
+    groups: Sequence[int],
+    selections: Sequence[Selection],
+    shares: np.ndarray,
+    size: int,
+    seed: int,
+    shuffle: bool,
+    selection: Selection | None = None,
+) -> MixOrder:
+    """The order of a mix of sources with these shards' record counts, shard groups and
+    selections (``read`` and ``Pairs`` build the same one)."""
+    bases = tuple(
+        EpochOrder(records, shuffle, _source_seed(seed, k), group)
+        for k, (records, group) in enumerate(zip(shard_records, groups, strict=True))
+    )
+    sizes = [sum(records) for records in shard_records]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return MixOrder(bases, tuple(selections), offsets, shares, size, int(seed), shuffle, selection)
 
 
 def _source_seed(seed: int, source: int) -> int:
@@ -353,3 +371,54 @@ def balanced_of(selections: Sequence[Selection]) -> ClassBalanced | None:
             f"({sorted(fractions)}): a mix centres its crops with one"
         )
     return balanced[0] if balanced else None
+
+
+class _Kind:
+    def __init__(self, compressed: bool) -> None:
+        self.compressed = compressed
+
+
+class MixedRecords:
+    """The records of several splits by one global index (source ``s`` from
+    ``first[s]`` on), with the SplitRecords interface the ordered reader uses."""
+
+    def __init__(self, names: list[str], parts: list[Any]) -> None:
+        self.names, self.parts = names, parts
+        sizes = [len(part) for part in parts]
+        self.first = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.downloads = next((p.downloads for p in parts if p.downloads is not None), None)
+        self.kind = _Kind(any(p.kind.compressed for p in parts))
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def by_source(self, indices: np.ndarray):
+        """(source, positions in ``indices``, local indices) for each source present."""
+        indices = np.asarray(indices, np.int64)
+        source = np.searchsorted(self.first, indices, side="right") - 1
+        for s in np.unique(source).tolist():
+            positions = np.flatnonzero(source == s)
+            yield s, positions, indices[positions] - self.first[s]
+
+    def read(self, indices) -> list[bytes]:
+        out: list[bytes] = [b""] * len(indices)
+        for s, positions, local in self.by_source(indices):
+            for position, data in zip(positions, self.parts[s].read(local), strict=True):
+                out[position] = data
+        return out
+
+    def read_each(self, indices, read_one) -> None:
+        for s, positions, local in self.by_source(indices):
+            self.parts[s].read_each(local, lambda k, *rest, p=positions: read_one(p[k], *rest))
+
+    def located(self, index: int) -> str:
+        (s, _, local), *_ = self.by_source(np.array([index]))
+        return f"dataset {self.names[s]!r}: {self.parts[s].located(int(local[0]))}"
+
+    def prefetch(self, indices) -> None:
+        for s, _, local in self.by_source(indices):
+            self.parts[s].prefetch(local)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
