@@ -415,3 +415,30 @@ def test_mixed_pairs_give_reads_epochs_and_pairs(two):
         got = pairs.__getitems__(pairs.epoch(epoch).tolist())
         assert np.array_equal(np.stack([g[0] for g in got]), images)
         assert np.array_equal(np.stack([g[1] for g in got]).astype(np.int32), masks)
+
+
+def test_one_split_given_twice_is_refused(two):
+    with pytest.raises(OptionsError, match=r"'a' and 'again' are the same split of one dataset"):
+        tfshards.read({"a": two["a"], "again": two["a"]}, weights=[1, 1])
+
+
+def test_exposure_takes_a_label_map_as_read_does(two):
+    report = tfshards.exposure(two["a"], label_map={3: 1}, epoch_size=40)
+    plain = tfshards.exposure(two["a"], epoch_size=40)
+    assert len(report.pixels) == 3
+    assert report.pixels[1] == pytest.approx(plain.pixels[1] + plain.pixels[3])
+
+
+def test_a_dataset_in_a_bucket_mixes_with_a_local_one(two, s3_bucket, tmp_path):
+    from s3_server import upload_folder
+
+    url = f"{s3_bucket}/b"
+    upload_folder(two["b"], url)
+    options = tfshards.ReadOptions(shard_cache=tmp_path / "shards")
+    local = _seen(_mixed(two, seed=3, weights=[1, 1]))
+    remote = _seen(_mixed({"a": two["a"], "b": url}, seed=3, weights=[1, 1], options=options))
+    assert remote == local  # the same records in the same order, wherever they are
+    resumed = _mixed(
+        {"a": two["a"], "b": url}, seed=3, weights=[1, 1], options=options, start=(0, 2)
+    )
+    assert _seen(resumed)[:24] == local[16:]  # an iteration is one epoch long

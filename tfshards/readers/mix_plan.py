@@ -47,6 +47,7 @@ def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     plans = _source_plans(sources, a)
     manifests = {name: plan.shards.manifest for name, plan in plans.items()}
     check_alike(manifests)
+    _check_distinct(plans)
     maps = resolved_maps(sources, manifests, a.get("num_classes"))
     if a["one_hot"] and any(m is not None for m in maps.values()):
         raise OptionsError(
@@ -83,6 +84,21 @@ def _source_plans(sources: Mapping[str, Source], a: dict[str, Any]) -> dict[str,
         except OptionsError as exc:
             raise OptionsError(f"dataset {name!r}: {exc}") from exc
     return plans
+
+
+def _check_distinct(plans: dict[str, ReadPlan]) -> None:
+    """One split given twice would share its cache entry and its records: refused."""
+    from tfshards.sources.shard_cache import shard_cache_key
+
+    seen: dict[tuple[str, str], str] = {}
+    for name, plan in plans.items():
+        key = (shard_cache_key(plan.shards.manifest), plan.shards.split)
+        if key in seen:
+            raise OptionsError(
+                f"datasets {seen[key]!r} and {name!r} are the same split of one dataset; "
+                "give it once (a larger weight shows it more often)"
+            )
+        seen[key] = name
 
 
 def _alike_shapes(plans: dict[str, ReadPlan], a: dict[str, Any]) -> dict[str, ReadPlan]:
