@@ -26,6 +26,11 @@ class MixExposure:
     holding: np.ndarray  # float64 [sources, classes]: expected records holding each class
 
     @property
+    def num_classes(self) -> int:
+        """The shared taxonomy's classes (every source's map reads into them)."""
+        return self.pixels.shape[1]
+
+    @property
     def source_share(self) -> np.ndarray:
         return self.records / self.epoch_records
 
@@ -39,12 +44,16 @@ class MixExposure:
         return self.holding.sum(axis=0) / self.epoch_records
 
     def describe(self) -> str:
-        lines = [f"one epoch of {self.epoch_records} records:", "dataset  records  share  pixels"]
+        lines = [
+            f"one epoch of {self.epoch_records} records, {self.num_classes} shared classes:",
+            "dataset  records  share  pixels",
+        ]
         pixels = self.pixels.sum(axis=1) / max(self.pixels.sum(), 1e-300)
         for k, name in enumerate(self.names):
             lines.append(
                 f"{name:>7}  {self.records[k]:7.1f}  {self.source_share[k]:5.1%}  {pixels[k]:6.1%}"
             )
+        lines.append("class's share of the epoch's pixels and records, and its pixels from each:")
         lines.append("class  pixels  records  " + "  ".join(f"{n:>7}" for n in self.names))
         for klass, share in enumerate(self.class_pixel_share):
             from_each = self.pixels[:, klass] / max(self.pixels[:, klass].sum(), 1e-300)
