@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,7 @@ def _seen(read) -> list[tuple[int, int]]:
 def _mixed(two, **arguments):
     settings = {"weights": {"a": 0.75, "b": 0.25}, "epoch_size": 40, "batch_size": 8}
     settings.update(arguments)
-    return tfshards.read(two, image_dtype="uint8", **settings)
+    return tfshards.read(two, **{"image_dtype": "uint8", **settings})
 
 
 # Point 4: one dataset's label map -------------------------------------------------------
@@ -442,3 +443,31 @@ def test_a_dataset_in_a_bucket_mixes_with_a_local_one(two, s3_bucket, tmp_path):
         {"a": two["a"], "b": url}, seed=3, weights=[1, 1], options=options, start=(0, 2)
     )
     assert _seen(resumed)[:24] == local[16:]  # an iteration is one epoch long
+
+
+def test_resume_callback_resumes_a_mixed_fit_where_it_stopped(two, tmp_path):
+    import keras
+
+    class Stop(keras.callbacks.Callback):
+        def __init__(self, at: int) -> None:
+            super().__init__()
+            self.at, self.steps = at, []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps.append(batch)
+            if len(self.steps) == self.at:
+                raise RuntimeError("interrupted")
+
+    def fit(stop_at: int) -> list[int]:
+        train = _mixed(two, seed=5, image_dtype="float32")
+        inputs = keras.Input(train.element_spec[0].shape[1:])
+        model = keras.Model(inputs, keras.layers.Conv2D(4, 1)(inputs))
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        stop = Stop(stop_at)
+        backup = tfshards.ResumeCallback(tmp_path / "backup", train, save_freq=2)
+        with contextlib.suppress(RuntimeError):
+            model.fit(train, epochs=2, verbose=0, callbacks=[backup, stop])
+        return stop.steps
+
+    assert fit(3) == [0, 1, 2]  # saved after step 2, stopped after step 3
+    assert fit(99) == [0, 1, 2, 0, 1, 2, 3, 4]  # the 3 batches left of epoch 0, then epoch 1
