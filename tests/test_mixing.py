@@ -471,3 +471,16 @@ def test_resume_callback_resumes_a_mixed_fit_where_it_stopped(two, tmp_path):
 
     assert fit(3) == [0, 1, 2]  # saved after step 2, stopped after step 3
     assert fit(99) == [0, 1, 2, 0, 1, 2, 3, 4]  # the 3 batches left of epoch 0, then epoch 1
+
+
+def test_class_balanced_crops_of_a_mixed_source_find_their_class(two):
+    balanced = tfshards.ClassBalanced(exclude=[0, 1, 2])  # a: drawn for class 3 only
+    sources = {"a": tfshards.Source(two["a"], sampling=balanced), "b": two["b"]}
+    read = _mixed(sources, weights=[0.5, 0.5], epoch_size=40, seed=2, crop_size=(4, 4))
+    crops = 0
+    for image, mask in read:
+        for tag, m in zip(image[:, 0, 0, 1].numpy(), mask.numpy(), strict=True):
+            if tag == 1:
+                assert (m == 3).any()  # centred on a cell of class 3
+                crops += 1
+    assert crops == 20
