@@ -190,11 +190,15 @@ def mix_order_rows(records: int) -> None:
     }
     shares = np.full(10, 0.1)  # the small sources repeated, the large ones sampled
     print(f"\n## A mix's epoch order, 10 datasets, {records:,} records")
-    print("| sources read | one epoch's order s | MiB | target |\n|---|---|---|---|")
+    print("| sources read | one epoch's order s | MiB | vs one dataset's | target |")
+    print("|---|---|---|---|---|")
+    alone = EpochOrder(sum(shards, ()), True, 0, 8)  # one dataset of as many records
+    base, peak = measured(lambda run: alone.records(3 + run))
+    print(f"| one dataset, every record once (reference) | {base:.2f} | {peak:.0f} | 1.00x | |")
     for name, selections in cases.items():
         order = mix_order(shards, [8] * 10, selections, shares, records, 0, True)
         seconds, peak = measured(lambda run, order=order: order.records(3 + run))
-        print(f"| {name} | {seconds:.2f} | {peak:.0f} | <= 2 s |")
+        print(f"| {name} | {seconds:.2f} | {peak:.0f} | {seconds / base:.2f}x | <= 2 s |")
 
 
 def _cpu_per_pair(read) -> float:

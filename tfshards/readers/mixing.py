@@ -167,21 +167,80 @@ def _mixed(order: MixOrder, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     counts = order.counts(epoch)
     parts, classes = [], []
     for s, (base, selection) in enumerate(zip(order.bases, order.selections, strict=True)):
-        rng = np.random.Generator(np.random.PCG64([order.seed, epoch, _MIX, s]))
-        records, drawn = source_draw(selection, int(counts[s]), rng)
-        records, drawn = _arranged(base, epoch, records, drawn)
+        records, drawn = source_stream(base, selection, int(counts[s]), epoch, s)
         parts.append(records + order.offsets[s])
         classes.append(drawn)
-    records, drawn = np.concatenate(parts), np.concatenate(classes)
+    records = np.concatenate(parts)
+    drawn = np.concatenate(classes) if any(_drawn_for(c) for c in classes) else None
     if order.shuffle:  # each source's stream at random places: interleaved
         rng = np.random.Generator(np.random.PCG64([order.seed, epoch, _MIX, len(counts)]))
-        labels = rng.permutation(np.repeat(np.arange(len(counts), dtype=np.int16), counts))
-        places = np.argsort(labels, kind="stable")
-        mixed, mixed_classes = np.empty_like(records), np.empty_like(drawn)
-        mixed[places], mixed_classes[places] = records, drawn
-        records, drawn = mixed, mixed_classes
-    records.flags.writeable = drawn.flags.writeable = False
+        kind = np.int8 if len(counts) < 2**7 else np.int16
+        labels = np.repeat(np.arange(len(counts), dtype=kind), counts)
+        rng.shuffle(labels)
+        places = np.argsort(labels, kind="stable")  # a radix sort of small ints
+        mixed = np.empty_like(records)
+        mixed[places] = records
+        if drawn is not None:
+            mixed_classes = np.empty_like(drawn)
+            mixed_classes[places] = drawn
+            drawn = mixed_classes
+        records = mixed
+    if drawn is None:  # no source draws for classes: none, without an array of them
+        drawn = np.broadcast_to(np.int16(NO_CLASS), records.shape)
+    records.flags.writeable = False
     return records, drawn
+
+
+def _drawn_for(classes: np.ndarray) -> bool:
+    """Whether any record of a source's draw stands for a class (class-balanced)."""
+    return bool(classes.size) and bool((classes != NO_CLASS).any())
+
+
+PASSES = 8  # a source read whole more often than this: drawn (tiled), not passed over
+
+
+def source_stream(
+    base: EpochOrder, selection: Selection, count: int, epoch: int, source: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` local records of one source in reading order, and their classes.
+
+    A source read by index (all its records, or its records= subset), shuffled: passes
+    over it, each in an order of a read of it alone (``EpochOrder``, its shard groups),
+    the last pass cut short; a cut pass holds a random part of the source, read a few of
+    its shards at a time, every record with the same chance to be in it when its
+    shards hold as many records each. Otherwise (weights, class balance, shuffle=False,
+    a source repeated more than PASSES times) drawn as ``source_draw`` says, then
+    arranged by shard group."""
+    uniform = selection.uniform and base.shuffle
+    if uniform and count <= PASSES * len(_members(selection)):
+        return _passes(base, selection, count, epoch), np.full(count, NO_CLASS, np.int16)
+    rng = np.random.Generator(np.random.PCG64([base.seed, epoch, _MIX, source]))
+    records, drawn = source_draw(selection, count, rng)
+    return _arranged(base, epoch, records, drawn)
+
+
+def _members(selection: Selection) -> np.ndarray:
+    if selection.subset is not None:
+        return selection.subset
+    return np.arange(selection.records, dtype=np.int64)
+
+
+def _passes(base: EpochOrder, selection: Selection, count: int, epoch: int) -> np.ndarray:
+    kept = None
+    if selection.subset is not None:
+        kept = np.zeros(selection.records, bool)
+        kept[selection.subset] = True
+    out, left = [], count
+    for copy in range(PASSES):
+        if left <= 0:
+            break
+        order = base if copy == 0 else replace(base, seed=_source_seed(base.seed, copy))
+        records = order.records(epoch)
+        if kept is not None:
+            records = records[kept[records]]
+        out.append(records[:left])
+        left -= len(out[-1])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def source_draw(
@@ -193,11 +252,9 @@ def source_draw(
     if count == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int16)
     if selection.uniform:
-        members = selection.subset
-        if members is None:
-            members = np.arange(selection.records, dtype=np.int64)
+        members = _members(selection)
         whole, rest = divmod(count, len(members))
-        picked = members[np.sort(rng.choice(len(members), rest, replace=False))]
+        picked = members[rng.choice(len(members), rest, replace=False)]  # placed later
         records = np.concatenate([np.tile(members, whole), picked]).astype(np.int64)
         return records, np.full(count, NO_CLASS, np.int16)
     records, classes = _drawn(replace(selection, epoch_size=count), rng)
