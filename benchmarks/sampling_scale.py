@@ -24,7 +24,7 @@ Target: a sampled read started anywhere within 1.5x a fresh plain read's first b
 Part 3, mixing (issue 47): one epoch's order of 10 datasets totalling ``--records``
 records (sizes 1:2:...:10, 1,000-record shards), each read whole or by weights, with
 the 2 s target; then the CPU time per pair (``time.process_time``, all threads) of
-reading two converted datasets of ``--pairs`` 64x64 pairs one after the other, against
+reading two converted datasets of ``--pairs`` 128x128 pairs one after the other, against
 one mixed read of the same records (weights by size, ``epoch_size`` their total),
 alternating, ``--rounds`` rounds. Target: the mix within 1.05x the CPU per pair.
 
@@ -216,7 +216,7 @@ def mix_cost_rows(pairs: int, rounds: int) -> None:
         paths = {}
         for k, count in enumerate((pairs, pairs // 2)):
             root = Path(tmp) / f"d{k}"
-            images, masks = tfshards.synth(root / "src", count=count, size=64, classes=4, seed=k)
+            images, masks = tfshards.synth(root / "src", count=count, size=128, classes=4, seed=k)
             options = tfshards.ConvertOptions(encoding="raw")
             tfshards.convert(images, masks, root / "shards", options=options)
             paths[f"d{k}"] = root / "shards"
@@ -231,7 +231,7 @@ def mix_cost_rows(pairs: int, rounds: int) -> None:
             times["one at a time"].append(one)
             times["mixed"].append(both)
     base = statistics.median(times["one at a time"][1:])
-    print(f"\n## CPU per pair, {total} pairs of 64x64 in two datasets, {rounds} rounds")
+    print(f"\n## CPU per pair, {total} pairs of 128x128 in two datasets, {rounds} rounds")
     print("| read | median ms per pair | spread | vs one at a time | target |")
     print("|---|---|---|---|---|")
     for name, values in times.items():

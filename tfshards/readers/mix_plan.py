@@ -18,6 +18,7 @@ from tfshards.readers.mixing import (
     Part,
     Source,
     balanced_of,
+    by_source,
     check_alike,
     mix_digest,
     mix_shares,
@@ -65,11 +66,39 @@ def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     first = parts[0].plan
     return replace(
         first,
-        records=MixedRecords([p.name for p in parts], [p.plan.records for p in parts]),
+        records=_joined_records(parts),
         selection=selection,
         batching=Batching(first.batching.size, first.batching.drop_remainder, size),
         labels=shared_labels(parts),
         mix=mix,
+    )
+
+
+def _joined_records(parts: tuple[Part, ...]):
+    """The sources' records by one index. Local shards of one compression are one split
+    of all their shards (SplitRecords: a batch's reads cost what one dataset's do);
+    otherwise each source's own SplitRecords behind MixedRecords."""
+    from tfshards.readers.shards import SplitShards
+    from tfshards.sources.records import SplitRecords
+
+    plans = [part.plan for part in parts]
+    kinds = {plan.shards.manifest.compression.type for plan in plans}
+    if any(plan.shards.remote for plan in plans) or len(kinds) > 1:
+        return MixedRecords([part.name for part in parts], [plan.records for plan in plans])
+    first = plans[0]
+    joined = SplitShards(
+        first.shards.manifest,
+        first.shards.split,
+        sum((plan.shards.paths for plan in plans), ()),
+        sum((plan.shards.shards for plan in plans), ()),
+        first.shards.root,
+    )
+    options = first.options
+    return SplitRecords(
+        joined,
+        shard_cache=options.shard_cache,
+        shard_cache_limit=options.shard_cache_limit,
+        storage_options=options.storage_options,
     )
 
 
@@ -195,8 +224,8 @@ def _joined_table(parts: tuple[Part, ...]):
 class MixedStore:
     """One cache entry per source, addressed by global record index."""
 
-    def __init__(self, records: MixedRecords, stores: list[Any], rows: list[Any]) -> None:
-        self.records, self.stores, self.rows = records, stores, rows
+    def __init__(self, first: np.ndarray, stores: list[Any], rows: list[Any]) -> None:
+        self.first, self.stores, self.rows = first, stores, rows
 
     @property
     def ready(self) -> bool:
@@ -207,7 +236,7 @@ class MixedStore:
 
     def read(self, indices: np.ndarray):
         images = masks = None
-        for s, positions, local in self.records.by_source(indices):
+        for s, positions, local in by_source(self.first, indices):
             some_images, some_masks = self.stores[s].read(self._rows(s, local))
             if isinstance(some_images, list):  # records of many sizes: lists
                 images = images or [None] * len(indices)
@@ -220,7 +249,7 @@ class MixedStore:
         return images, masks
 
     def write(self, indices: np.ndarray, images, masks) -> None:
-        for s, positions, local in self.records.by_source(indices):
+        for s, positions, local in by_source(self.first, indices):
             if isinstance(images, list):
                 some = [images[p] for p in positions], [masks[p] for p in positions]
             else:
@@ -238,4 +267,4 @@ def mixed_store(plan: ReadPlan) -> MixedStore | None:
     parts = plan.mix.parts
     stores = [pair_store(part.plan) for part in parts]
     rows = [store_rows(part.plan.selection) for part in parts]
-    return MixedStore(plan.records, stores, rows)
+    return MixedStore(plan.mix.offsets, stores, rows)

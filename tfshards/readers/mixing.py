@@ -435,6 +435,16 @@ class _Kind:
         self.compressed = compressed
 
 
+def by_source(first: np.ndarray, indices: np.ndarray):
+    """(source, positions in ``indices``, local indices) for each source present, where
+    source ``s`` holds global indices ``first[s]`` on."""
+    indices = np.asarray(indices, np.int64)
+    source = np.searchsorted(first, indices, side="right") - 1
+    for s in np.unique(source).tolist():
+        positions = np.flatnonzero(source == s)
+        yield s, positions, indices[positions] - first[s]
+
+
 class MixedRecords:
     """The records of several splits by one global index (source ``s`` from
     ``first[s]`` on), with the SplitRecords interface the ordered reader uses."""
@@ -450,12 +460,7 @@ class MixedRecords:
         return int(self.first[-1])
 
     def by_source(self, indices: np.ndarray):
-        """(source, positions in ``indices``, local indices) for each source present."""
-        indices = np.asarray(indices, np.int64)
-        source = np.searchsorted(self.first, indices, side="right") - 1
-        for s in np.unique(source).tolist():
-            positions = np.flatnonzero(source == s)
-            yield s, positions, indices[positions] - self.first[s]
+        return by_source(self.first, indices)
 
     def read(self, indices) -> list[bytes]:
         out: list[bytes] = [b""] * len(indices)
