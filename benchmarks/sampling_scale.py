@@ -21,7 +21,15 @@ from the start, a class-balanced read from the start, and one started at (epoch 
 batch in the middle).
 Target: a sampled read started anywhere within 1.5x a fresh plain read's first batch.
 
+Part 3, mixing (issue 47): one epoch's order of 10 datasets totalling ``--records``
+records (sizes 1:2:...:10, 1,000-record shards), each read whole or by weights, with
+the 2 s target; then the CPU time per pair (``time.process_time``, all threads) of
+reading two converted datasets of ``--pairs`` 128x128 pairs one after the other, against
+one mixed read of the same records (weights by size, ``epoch_size`` their total),
+alternating, ``--rounds`` rounds. Target: the mix within 1.05x the CPU per pair.
+
     python benchmarks/sampling_scale.py                 # about 2 minutes
+    python benchmarks/sampling_scale.py --part mixing   # part 3 only
     python benchmarks/sampling_scale.py --records 1000000 --rounds 3
 """
 
@@ -168,14 +176,84 @@ def first_batch_rows(pairs: int, rounds: int) -> None:
         )
 
 
+def mix_order_rows(records: int) -> None:
+    """One epoch's order of 10 sources totalling ``records``: whole, and by weights."""
+    from tfshards.readers.mixing import mix_order
+    from tfshards.readers.sampling import Selection
+
+    sizes = [records * k // 55 for k in range(1, 11)]
+    shards = [(1000,) * (size // 1000) + ((size % 1000,) if size % 1000 else ()) for size in sizes]
+    rng = np.random.default_rng(0)
+    cases = {
+        "whole": [Selection(n, None, None, n) for n in sizes],
+        "weights": [Selection(n, None, rng.random(n), n) for n in sizes],
+    }
+    shares = np.full(10, 0.1)  # the small sources repeated, the large ones sampled
+    print(f"\n## A mix's epoch order, 10 datasets, {records:,} records")
+    print("| sources read | one epoch's order s | MiB | vs one dataset's | target |")
+    print("|---|---|---|---|---|")
+    alone = EpochOrder(sum(shards, ()), True, 0, 8)  # one dataset of as many records
+    base, peak = measured(lambda run: alone.records(3 + run))
+    print(f"| one dataset, every record once (reference) | {base:.2f} | {peak:.0f} | 1.00x | |")
+    for name, selections in cases.items():
+        order = mix_order(shards, [8] * 10, selections, shares, records, 0, True)
+        seconds, peak = measured(lambda run, order=order: order.records(3 + run))
+        print(f"| {name} | {seconds:.2f} | {peak:.0f} | {seconds / base:.2f}x | <= 2 s |")
+
+
+def _cpu_per_pair(read) -> float:
+    began, pairs = time.process_time(), 0
+    for image, _ in read:
+        pairs += int(image.shape[0])
+    return (time.process_time() - began) * 1000 / pairs
+
+
+def mix_cost_rows(pairs: int, rounds: int) -> None:
+    """CPU ms per pair: two datasets read one after the other vs mixed, alternating."""
+    import tfshards
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for k, count in enumerate((pairs, pairs // 2)):
+            root = Path(tmp) / f"d{k}"
+            images, masks = tfshards.synth(root / "src", count=count, size=128, classes=4, seed=k)
+            options = tfshards.ConvertOptions(encoding="raw")
+            tfshards.convert(images, masks, root / "shards", options=options)
+            paths[f"d{k}"] = root / "shards"
+        total = pairs + pairs // 2
+        settings = dict(batch_size=32, seed=0, image_dtype="uint8")
+        alone = [tfshards.read(p, **settings) for p in paths.values()]
+        mixed = tfshards.read(paths, weights=[2, 1], epoch_size=total, **settings)
+        times: dict[str, list[float]] = {"one at a time": [], "mixed": []}
+        for _ in range(rounds + 1):  # the first round warms the page cache, not counted
+            one = sum(_cpu_per_pair(r) * len(r) for r in alone) / sum(map(len, alone))
+            both = _cpu_per_pair(mixed)
+            times["one at a time"].append(one)
+            times["mixed"].append(both)
+    base = statistics.median(times["one at a time"][1:])
+    print(f"\n## CPU per pair, {total} pairs of 128x128 in two datasets, {rounds} rounds")
+    print("| read | median ms per pair | spread | vs one at a time | target |")
+    print("|---|---|---|---|---|")
+    for name, values in times.items():
+        values = values[1:]
+        print(
+            f"| {name} | {statistics.median(values):.3f} | {min(values):.3f}-"
+            f"{max(values):.3f} | {statistics.median(values) / base:.2f}x | <= 1.05x |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=10_000_000, help="table rows (10M)")
     parser.add_argument("--pairs", type=int, default=2000, help="converted pairs (2000)")
     parser.add_argument("--rounds", type=int, default=5, help="first-batch rounds (5)")
+    parser.add_argument("--part", choices=("all", "mixing"), default="all")
     args = parser.parse_args()
-    table_rows(args.records)
-    first_batch_rows(args.pairs, args.rounds)
+    if args.part == "all":
+        table_rows(args.records)
+        first_batch_rows(args.pairs, args.rounds)
+    mix_order_rows(args.records)
+    mix_cost_rows(args.pairs, args.rounds)
 
 
 if __name__ == "__main__":

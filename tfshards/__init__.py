@@ -6,6 +6,7 @@
 
 from tfshards.checks import DatasetInfo, VerifyReport, class_weights, dataset_summary, info, verify
 from tfshards.checks.exposure import Exposure, exposure
+from tfshards.checks.mix_report import MixExposure, mix_exposure
 from tfshards.converters import ConvertOptions, convert, pair_files, synth
 from tfshards.errors import (
     ManifestError,
@@ -19,6 +20,7 @@ from tfshards.errors import (
 )
 from tfshards.malloc_arenas import cap_malloc_arenas
 from tfshards.readers.folds import folds
+from tfshards.readers.mixing import Source
 from tfshards.readers.sampling import ClassBalanced
 from tfshards.schemas import Manifest
 from tfshards.schemas.record_table import RecordTable
@@ -86,6 +88,7 @@ __all__ = [
     "Exposure",
     "Manifest",
     "ManifestError",
+    "MixExposure",
     "OptionsError",
     "OutputError",
     "PairDecodeError",
@@ -97,6 +100,7 @@ __all__ = [
     "RecordTable",
     "RecordTableError",
     "ResumeCallback",
+    "Source",
     "StitchError",
     "Stitcher",
     "TfshardsError",
@@ -109,6 +113,7 @@ __all__ = [
     "folds",
     "info",
     "list_caches",
+    "mix_exposure",
     "pair_files",
     "read",
     "records",

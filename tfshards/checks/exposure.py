@@ -81,9 +81,10 @@ def exposure(
     sampling: Any = None,
     epoch_size: int | None = None,
     storage_options: StorageOptions = None,
+    label_map: Any = None,
 ) -> Exposure:
     """Each class's share of pixels and records in one epoch of ``read(path, split=split,
-    records=..., sampling=..., epoch_size=...)``, beside every record once.
+    records=..., sampling=..., epoch_size=..., label_map=...)``, beside every record once.
 
     >>> balanced = tfshards.ClassBalanced(exclude=[0])
     >>> print(tfshards.exposure("shards/", sampling=balanced).describe())  # doctest: +SKIP
@@ -93,4 +94,11 @@ def exposure(
 
     shards = split_shards(path, split, storage_options=storage_options)
     table = split_table(shards, storage_options=storage_options)
+    if label_map is not None:  # as read() takes it, or resolved (readers/labels.py)
+        from tfshards.readers.labels import LabelMap
+        from tfshards.readers.labels import label_map as resolved
+
+        if not isinstance(label_map, LabelMap):
+            label_map = resolved(label_map, shards.manifest, where=str(path))
+        table = label_map.table(table)
     return exposure_of(table, select(table, records, sampling, epoch_size))

@@ -11,6 +11,7 @@ TFDS metadata and :func:`class_weights` take the class count from :func:`info`.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +36,12 @@ class DatasetInfo:
     manifest: Manifest
     num_classes: int
     num_classes_inferred: bool
+    label_map: Any = None  # a LabelMap (readers/labels.py): counts in its classes
 
     @property
     def ignore_label(self) -> int | None:
+        if self.label_map is not None and (self.label_map.lookup == -1).any():
+            return self.label_map.ignore
         return self.manifest.mask.ignore_label
 
     def class_pixels(self, split: str) -> list[int]:
@@ -47,20 +51,32 @@ class DatasetInfo:
                 f"{storage.display(self.path)}: no split {split!r}; this dataset has "
                 f"{', '.join(self.manifest.splits)}"
             )
-        pixels = list(self.manifest.splits[split].class_pixels[: self.num_classes])
+        pixels = list(self.manifest.splits[split].class_pixels)
+        if self.label_map is not None:
+            return self.label_map.class_pixels(pixels)
+        pixels = pixels[: self.num_classes]
         return pixels + [0] * (self.num_classes - len(pixels))
 
 
-def info(path: Location, *, storage_options: StorageOptions = None) -> DatasetInfo:
-    """The dataset's class count (declared or inferred) and manifest; path may be a URL."""
+def info(
+    path: Location,
+    *,
+    storage_options: StorageOptions = None,
+    label_map: Any = None,
+    num_classes: int | None = None,
+) -> DatasetInfo:
+    """The dataset's class count (declared or inferred) and manifest; path may be a URL.
+    With ``label_map`` (and ``num_classes``, as ``read`` takes them), the classes read
+    through the map: its class count, and pixel counts merged or dropped by it."""
+    from tfshards.readers.labels import label_map as resolved
+    from tfshards.readers.labels import manifest_classes
+
     manifest = Manifest.load(path, storage_options)
-    mask = manifest.mask
-    if mask.num_classes is not None:
-        return DatasetInfo(path, manifest, mask.num_classes, False)
-    if mask.mask_map:
-        return DatasetInfo(path, manifest, max(t for _, t in mask.mask_map) + 1, False)
-    found = [v for split in manifest.splits.values() for v in split.mask_values]
-    return DatasetInfo(path, manifest, max(found, default=0) + 1, True)
+    classes, inferred = manifest_classes(manifest)
+    if label_map is None:
+        return DatasetInfo(path, manifest, classes, inferred)
+    mapped = resolved(label_map, manifest, where=storage.display(path), num_classes=num_classes)
+    return DatasetInfo(path, manifest, mapped.num_classes, inferred, mapped)
 
 
 def class_weights(
@@ -72,9 +88,15 @@ def class_weights(
     records: Any = None,
     sampling: Any = None,
     epoch_size: int | None = None,
+    label_map: Any = None,
+    num_classes: int | None = None,
+    weights: Any = None,
 ) -> dict[int, float]:
     """``{class: weight}`` for ``model.fit(class_weight=...)``, from a split's pixel counts.
 
+    With ``label_map`` (as ``read`` takes it), in the classes read through it. With
+    several datasets (``path={name: path or Source}`` and ``weights``, as ``read`` mixes
+    them), from the pixels one epoch of the mix shows, in the shared classes.
     With ``records``, ``sampling`` or ``epoch_size`` (as ``read`` takes them), from the
     pixels one epoch of that read shows on average (``tfshards.exposure``), so a sampling
     that already shows a rare class more is not corrected for twice.
@@ -86,7 +108,13 @@ def class_weights(
     """
     if method not in WEIGHT_METHODS:
         raise OptionsError(f"method must be one of {', '.join(WEIGHT_METHODS)}; got {method!r}")
-    dataset = info(path, storage_options=storage_options)
+    if isinstance(path, Mapping):  # several datasets, as read() mixes them
+        return _mixed_weights(
+            path, split, method, storage_options, weights, epoch_size, num_classes
+        )
+    dataset = info(
+        path, storage_options=storage_options, label_map=label_map, num_classes=num_classes
+    )
     pixels = dataset.class_pixels(split)
     if records is not None or sampling is not None or epoch_size is not None:
         from tfshards.checks.exposure import exposure
@@ -98,12 +126,35 @@ def class_weights(
             sampling=sampling,
             epoch_size=epoch_size,
             storage_options=storage_options,
+            label_map=dataset.label_map,
         ).pixels
         pixels = [float(shown[c]) if c < len(shown) else 0.0 for c in range(len(pixels))]
     weights = dict(enumerate(weights_from_pixels(pixels, method)))
     if dataset.ignore_label is not None:
         weights[dataset.ignore_label] = 0.0
     return weights
+
+
+def _mixed_weights(
+    sources: Mapping, split: str, method: str, storage_options, weights, epoch_size, num_classes
+) -> dict[int, float]:
+    """class_weights of a mix: from the pixels one epoch of it shows, shared classes."""
+    from tfshards.checks.mix_report import mix_exposure
+    from tfshards.readers.mixing import sources_of
+
+    report = mix_exposure(
+        sources,
+        weights=weights,
+        epoch_size=epoch_size,
+        split=split,
+        num_classes=num_classes,
+        storage_options=storage_options,
+    )
+    out = dict(enumerate(weights_from_pixels(report.pixels.sum(axis=0).tolist(), method)))
+    first = next(iter(sources_of(sources).values()))
+    ignore = Manifest.load(first.path, storage_options).mask.ignore_label
+    out[255 if ignore is None else ignore] = 0.0  # label maps ignore pixels with it
+    return out
 
 
 def weights_from_pixels(pixels: list[float], method: str) -> list[float]:

@@ -140,7 +140,19 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
         description="Print splits, counts, shard sizes, encodings, source, seed, skipped pairs, "
         "the class pixel histogram and suggested class weights (median frequency balancing).",
     )
-    p.add_argument("dir", help="dataset folder or URL such as s3://bucket/shards")
+    p.add_argument(
+        "dir",
+        nargs="+",
+        help="dataset folder or URL such as s3://bucket/shards; several (NAME=DIR or DIR) "
+        "with --weights: print one epoch of them mixed, per dataset and class",
+    )
+    p.add_argument(
+        "--weights",
+        type=float,
+        nargs="+",
+        metavar="W",
+        help="with several datasets: how often each is seen, one per dataset, in order",
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_storage_option(p)
     p.add_argument("--preview", metavar="PNG", help="draw random pairs: image, mask, overlay")
@@ -189,9 +201,12 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from tfshards.checks.inspect import dataset_summary, summary_text, write_preview
     from tfshards.storage import parse_options
 
+    options = parse_options(args.storage_option)
+    if len(args.dir) > 1 or args.weights is not None:
+        return _print_mix(args, options)
+    args.dir = args.dir[0]
     if not args.sampling and (args.exclude or args.epoch_size is not None):
         raise OptionsError("inspect: --exclude and --epoch-size go with --sampling RULE")
-    options = parse_options(args.storage_option)
     summary = dataset_summary(args.dir, storage_options=options)
     print(json.dumps(summary, indent=2) if args.json else summary_text(summary))
     if args.preview:
@@ -207,6 +222,26 @@ def _run_inspect(args: argparse.Namespace) -> int:
         log.info("wrote a preview of %d pairs to %s", rows, args.preview)
     if args.sampling:
         _print_exposure(args, options)
+    return 0
+
+
+def _print_mix(args: argparse.Namespace, options) -> int:
+    """inspect DIR DIR... --weights W W...: one epoch of the datasets mixed."""
+    from tfshards.checks.mix_report import mix_exposure
+
+    if args.weights is None:
+        raise OptionsError("inspect: several datasets need --weights, one per dataset")
+    sources = dict(d.split("=", 1) if "=" in d else (d, d) for d in args.dir)
+    if len(sources) != len(args.dir):
+        raise OptionsError(f"inspect: a dataset is named twice in {args.dir}")
+    report = mix_exposure(
+        sources,
+        weights=args.weights,
+        epoch_size=args.epoch_size,
+        split=args.split or "train",
+        storage_options=options,
+    )
+    print(report.describe())
     return 0
 
 

@@ -32,8 +32,10 @@ from tfshards.readers.class_crops import class_centres
 from tfshards.readers.crops import crop_boxes, cut, pad_boxes, uniform_draws
 from tfshards.readers.decode import fill_label
 from tfshards.readers.exit_guard import guarded
+from tfshards.readers.labels import MaskLabels
 from tfshards.readers.order import BatchSchedule, EpochOrder
 from tfshards.readers.recycled import RecycledArrays
+from tfshards.readers.relabel import relabeller
 from tfshards.readers.sampling import SampledOrder
 from tfshards.readers.sizing import Sizing, placed, placed_batch
 from tfshards.schemas.tfrecord import RecordError, example_fields
@@ -91,6 +93,7 @@ class OrderedReader:
     seed: int = 0  # the crops' draws are keyed by it (and the epoch, batch and position)
     fill: int = 255  # the mask value of pixels a padded pair does not hold
     store_rows: np.ndarray | None = None  # a sampled read's store row of each record
+    labels: MaskLabels | None = None  # label maps, applied to masks after the cache
 
     def batch_indices(self, step: int) -> np.ndarray:
         epoch, batch = self.schedule.position(step)
@@ -336,13 +339,18 @@ def ordered_batches(reader: OrderedReader, decode, *, repeat: bool, place=None) 
 
         steps = steps.map(ahead, num_parallel_calls=reader.downloads_ahead, deterministic=True)
 
-    return steps.map(
-        _loader(reader, decode, place), num_parallel_calls=AUTOTUNE, deterministic=True
-    )
+    load = _loader(reader, decode, place)
+    relabel = relabeller(reader.labels)  # label maps: after the cache, which keeps masks as stored
+
+    def relabelled(step: tf.Tensor):
+        step, image, mask, indices = load(step)
+        return step, image, relabel(indices, mask)
+
+    return steps.map(relabelled, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def _loader(reader: OrderedReader, decode, place):
-    """The map function of ``ordered_batches``: step -> (step, image, mask)."""
+    """The map function of ``ordered_batches``: step -> (step, image, mask, indices)."""
     fetch, keep = _body(reader, "fetch"), _body(reader, "keep")
     # Closures below hold plain values, not the reader (see _body).
     shape, tf_decodes = reader.shape, reader.pixels is None
@@ -368,7 +376,7 @@ def _loader(reader: OrderedReader, decode, place):
             return place(image, mask, boxes)
 
         if shape[0] is None and ready:  # a ready cache: every batch comes decoded
-            return step, *from_pixels()
+            return step, *from_pixels(), indices
         if shape[0] is None and sized:  # records of many sizes, cropped or padded
             # Either the pixels or the records are empty: both ways run, one on nothing
             # (a tf.cond here took 8 ms per batch of 16 crops from a memory cache, this
@@ -376,14 +384,14 @@ def _loader(reader: OrderedReader, decode, place):
             count = tf.shape(image)[0]
             image, mask = from_pixels(boxes[:count])
             more = decode(records, boxes[count:], indices[count:], keep if keeps_native else None)
-            return step, tf.concat([image, more[0]], 0), tf.concat([mask, more[1]], 0)
+            return step, tf.concat([image, more[0]], 0), tf.concat([mask, more[1]], 0), indices
         if shape[0] is None:  # a batch of one record of its own size, decoded or read
             image, mask = tf.cond(
                 tf.ensure_shape(decoded, []),
                 lambda: from_pixels(boxes),
                 lambda: decode(records, boxes, indices, keep if keeps_native else None),
             )
-            return step, image, mask
+            return step, image, mask, indices
 
         def decoded_by_tensorflow():  # PNG/JPEG or records to resize
             image, mask = decode(records)
@@ -395,11 +403,11 @@ def _loader(reader: OrderedReader, decode, place):
             return (image, mask) if place is None else place(image, mask, boxes)
 
         if not tf_decodes:
-            return step, *from_pixels()
+            return step, *from_pixels(), indices
         image, mask = tf.cond(
             tf.ensure_shape(decoded, []), lambda: from_pixels(), decoded_by_tensorflow
         )
-        return step, image, mask
+        return step, image, mask, indices
 
     return load
 
@@ -452,7 +460,9 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         plan.order_seed,
         plan.group_shards,
     )
-    if plan.selection is not None:
+    if plan.mix is not None:  # several datasets (mixing.py)
+        order = plan.mix.order(plan.order.shuffle, plan.order_seed)
+    elif plan.selection is not None:
         order = SampledOrder(order, plan.selection)
     index, count = plan.pipeline
     schedule = BatchSchedule(
@@ -483,7 +493,8 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
         plan.sizing,
         plan.order_seed,
         fill_label(shards),
-        store_rows(plan.selection),
+        None if plan.mix is not None else store_rows(plan.selection),  # a mix: by source
+        plan.labels,
     )
 
 

@@ -12,7 +12,7 @@ crops and pads included, resumable); the tf.data service's is a chain of stages
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +29,8 @@ from tfshards.readers.cache import DiskCache, default_cache_root
 from tfshards.readers.cache.native import NativeStore
 from tfshards.readers.cache.store import PairStore
 from tfshards.readers.decode import Augment
+from tfshards.readers.mix_plan import mixed_store, plan_mix
+from tfshards.readers.mixing import Source
 from tfshards.readers.options import ReadOptions
 from tfshards.readers.ordered import ordered_dataset, store_rows
 from tfshards.readers.plan import plan_read
@@ -51,7 +53,7 @@ STAGES = (  # the tf.data service's per-pair path
 
 
 def read(
-    path: str | os.PathLike,
+    path: str | os.PathLike | Mapping[str, str | os.PathLike | Source],
     *,
     split: str = "train",
     batch_size: int = 32,
@@ -74,6 +76,9 @@ def read(
     records: Sequence[str] | Sequence[int] | np.ndarray | None = None,
     sampling: Sequence[float] | np.ndarray | ClassBalanced | None = None,
     epoch_size: int | None = None,
+    label_map: Mapping[int, int | None] | Sequence[int | None] | None = None,
+    num_classes: int | None = None,
+    weights: Mapping[str, float] | Sequence[float] | None = None,
 ) -> tf.data.Dataset:
     """Stream ``(image, mask)`` batches of one split of a converted dataset.
 
@@ -110,6 +115,9 @@ def read(
     decided from the table before a pixel is read, and resume exactly
     (docs: "Sampling and subsets").
 
+    label_map ``{class: shared class or None}``, num_classes: masks read in other classes;
+    path ``{"a": "a/", "b": "b/"}`` with ``weights`` mixes datasets ("Mixing datasets").
+
     cache: None streams; "memory" caches in RAM; True caches decoded uint8 pairs on disk
     beside the shards (or in the user cache folder); a path caches there. A disk cache is
     keyed by the shards' hashes and the options, so it is rebuilt when either changes.
@@ -121,7 +129,7 @@ def read(
     keep_freed_batches()  # see malloc_arenas.py
     # Every keyword but start= goes to the plan, as given (plan_read checks them all).
     arguments = {name: value for name, value in locals().items() if name != "start"}
-    plan = plan_read(**arguments)
+    plan = plan_mix(**arguments) if isinstance(path, Mapping) else plan_read(**arguments)
     check_batches(plan)
     if plan.ordered:
         check_start(start, plan)
@@ -142,6 +150,8 @@ def pair_store(plan) -> PairStore | NativeStore | None:
     shards, shape = plan.shards, plan.shape
     if plan.cache.kind == "none":
         return None
+    if plan.mix is not None:
+        return mixed_store(plan)
     records, subset = shards.records, ""
     if (rows := store_rows(plan.selection)) is not None:  # only the records it can draw
         records, subset = int(rows.max()) + 1, plan.selection.digest

@@ -28,6 +28,7 @@ from tfshards.readers.decode import (
     layer_augmenter,
     pair_decoder,
 )
+from tfshards.readers.labels import MaskLabels, read_labels
 from tfshards.readers.memory_limits import autotune_ram_budget
 from tfshards.readers.options import (
     SHUFFLE_BUFFER_BYTES,
@@ -112,6 +113,8 @@ class ReadPlan:
     records: SplitRecords | None = None  # the split's records by index (ordered path)
     group_shards: int = 1  # shards whose records one epoch mixes together (order.py)
     selection: Selection | None = None  # records=, sampling=, epoch_size= (sampling.py)
+    labels: MaskLabels | None = None  # label_map= (labels.py): masks read in other classes
+    mix: Any = None  # several datasets read as one (mixing.py's Mix)
 
     @property
     def epoch_records(self) -> int:
@@ -161,7 +164,8 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
     _check_sample_type(shards, a, sizing)
     shape = _target_shape(shards, a["image_size"], sizing, batch_size)
     unordered = _unordered_because(a["service"])
-    selection = _selection(path, shards, a, unordered, options)
+    labels = read_labels(shards, a, unordered)
+    selection = _selection(path, shards, a, unordered, options, labels)
     if not unordered and pipeline[1] > 1 and cache.kind != "none":
         raise OptionsError(_no_cache_across_pipelines(cache, pipeline[1], shards.records))
     if unordered and pipeline[1] > 1:  # these paths share the shards out by file
@@ -201,6 +205,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         records=None if unordered else _split_records(shards, options),
         group_shards=_group_shards(shards, options),
         selection=selection,
+        labels=None if labels is None else MaskLabels.of([labels], [0]),
     )
 
 
@@ -210,6 +215,7 @@ def _selection(
     a: dict[str, Any],
     unordered: str | None,
     options: ReadOptions,
+    labels: Any = None,
 ) -> Selection | None:
     """records=, sampling= and epoch_size= resolved against the split's per-record table."""
     given = [n for n in ("records", "sampling", "epoch_size") if a.get(n) is not None]
@@ -228,6 +234,7 @@ def _selection(
             f"{len(table)} rows but the split holds {shards.records} records: it belongs "
             "to another conversion; run `tfshards verify` on the dataset"
         )
+    table = table if labels is None else labels.table(table)  # in the shared classes
     return select(table, a.get("records"), a.get("sampling"), a.get("epoch_size"))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,9 @@ class Pairs:
     ``transform(image, mask) -> (image, mask)`` runs on every pair, e.g.
     :func:`tfshards.torch_pair` for CHW float tensors; ``with_keys=True`` returns
     ``(image, mask, key)`` triples instead of pairs.
+    ``label_map``: masks read in other classes, as ``read(label_map=...)`` takes it.
+    Several datasets: ``Pairs({name: path or Source}, weights=..., epoch_size=...,
+    seed=...)`` (sources/mixed_pairs.py), whose ``epoch(e)`` is ``read``'s epoch ``e``.
     ``records``: only these records of the split, as ``read(records=...)`` takes them
     (keys, a boolean mask or indices); pair ``i`` is then the ``i``-th of them in the
     manifest's order.
@@ -70,6 +73,7 @@ class Pairs:
         with_keys: bool = False,
         options: ReadOptions | None = None,
         records: Sequence[str] | Sequence[int] | np.ndarray | None = None,
+        label_map: Any = None,
     ) -> None:
         keep_freed_batches()  # see malloc_arenas.py
         checked_path("path", path)
@@ -93,6 +97,18 @@ class Pairs:
         self.batches = batches_of(shards.manifest, where)
         # records=: pair i is record selected[i] of the split (None: record i)
         self.selected = None if records is None else _selected(records, shards, options)
+        self.labels = None  # label_map= (readers/labels.py): masks read in other classes
+        if label_map is not None:
+            from tfshards.readers.labels import label_map as resolved
+
+            self.labels = resolved(label_map, shards.manifest, where=where)
+
+    def __new__(cls, path: Any = None, *args: Any, **kwargs: Any) -> Pairs:
+        if cls is Pairs and isinstance(path, Mapping):  # several datasets: mixed_pairs.py
+            from tfshards.sources.mixed_pairs import MixedPairs
+
+            return super().__new__(MixedPairs)
+        return super().__new__(cls)
 
     def __len__(self) -> int:
         return len(self.records) if self.selected is None else len(self.selected)
@@ -163,6 +179,9 @@ class Pairs:
 
     def _finish(self, pair: tuple[np.ndarray, np.ndarray, str]) -> tuple:
         image, mask, key = pair
+        if self.labels is not None:
+            values = self.labels.values()
+            mask = values.astype(np.uint8 if values.max() < 256 else np.int32)[mask]
         if self.transform is not None:
             image, mask = self.transform(image, mask)
         return (image, mask, key) if self.with_keys else (image, mask)
