@@ -542,3 +542,32 @@ def test_without_tifffile_a_tiff_pillow_cannot_open_names_the_extra(tmp_path, mo
     _masks(tmp_path, 1)
     with pytest.raises(PairError, match=r"000\.tif: .*pip install 'tfshards\[tiff\]'"):
         _convert(tmp_path, channels=13, image_dtype="uint16")
+
+
+def test_a_keras_layer_on_uint16_images_gives_uint16(tmp_path):
+    import keras
+
+    _images(tmp_path, 4, 3, _npy)
+    _masks(tmp_path, 4)
+    _convert(tmp_path, encoding="raw")
+    plain = _read_all(tmp_path / "out", image_dtype="uint16")
+    flip = keras.layers.RandomFlip("horizontal", seed=0)
+    flipped = _read_all(tmp_path / "out", image_dtype="uint16", augment=flip, seed=0)
+    assert flipped.dtype == np.uint16 and flipped.shape == plain.shape
+    for image, source in zip(flipped, plain, strict=True):  # flipped or not, never rescaled
+        assert np.array_equal(image, source) or np.array_equal(image, source[:, ::-1])
+
+
+def test_cli_converts_npy_bands_with_an_image_dtype(tmp_path):
+    import subprocess
+    import sys
+
+    images = _images(tmp_path, 3, 4, _npy)
+    _masks(tmp_path, 3)
+    command = [sys.executable, "-m", "tfshards.cli", "convert", "--images"]
+    command += [str(tmp_path / "images"), "--masks", str(tmp_path / "masks")]
+    command += ["--out", str(tmp_path / "out"), "--image-dtype", "uint16", "--channels", "4"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    found = _pairs_by_key(tmp_path / "out")
+    assert all(np.array_equal(found[key][0], images[key]) for key in images)

@@ -22,7 +22,8 @@ of uint8 and 1 of uint16 (Pillow writes no 16-bit colour PNG); JPEG 1 or 3 of ui
 The TensorFlow decoders deliver an image's bytes: uint8 [H, W, C x itemsize], the
 uint16 samples' little-endian bytes side by side, which the reader turns into uint16
 (``tf.bitcast``) only when it finishes a batch; so every stage before it (crops,
-caches, batching) moves bytes whatever the sample type.
+caches, batching) moves bytes whatever the sample type. (``tf.bitcast`` keeps the
+host's byte order: little-endian on every host TensorFlow builds for.)
 
 Encodings: what the user asks for; each writes one or two pixel formats, and
 carries its parameters (``level``, ``quality``) and its TFDS form:
