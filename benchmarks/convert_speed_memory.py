@@ -53,13 +53,15 @@ from _common import markdown_table, peak_rss_of
 from _plan_memory import plan_rows
 from PIL import Image
 
+from tfshards.converters.image_stats import ChannelSums
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pair_table import Pair
 from tfshards.converters.synth import synth
-from tfshards.converters.validation import _image_pixels, _mask_pixels
+from tfshards.converters.validation import _decoded, _image_pixels, _mask_pixels
 from tfshards.schemas import deflate
 from tfshards.schemas.format import image_encoding
 from tfshards.schemas.record import EncodedPair
+from tfshards.schemas.record_table import record_row
 from tfshards.schemas.tfrecord import frame_record
 
 _REPEATS = 3
@@ -88,14 +90,18 @@ def _stage_times(pairs: list[Pair], work: Path) -> dict[str, float]:
     timed(
         "EXIF check", lambda im: (im[0].getexif().get(0x0112), im[1].getexif().get(0x0112)), opened
     )
-    pixels = timed("mode to pixels", lambda im: _image_pixels(pairs[0], im[0], 3)[0], opened)
+    pixels = timed(
+        "mode to pixels", lambda im: _image_pixels(pairs[0], _decoded(im[0]), 3, "uint8")[0], opened
+    )
 
     def mask_checks(item):
-        values = _mask_pixels(pairs[0], item[1], options)[0]
+        values = _mask_pixels(pairs[0], _decoded(item[1]), options)[0]
         np.bincount(values.ravel(), minlength=256)
         return values
 
     masks = timed("mask checks + class counts", mask_checks, opened)
+    timed("per-record table row", lambda m: record_row("k", m, None), masks)
+    timed("channel statistics", ChannelSums().add, pixels)
     for backend, module in (("zlib", None), ("ISA-L", deflate.isal_zlib)):
         if backend == "ISA-L" and module is None:
             continue
