@@ -134,10 +134,15 @@ def _check_tiles_are_windows(out: Path, images: Path, masks: Path, tile: int, ov
     return by_source
 
 
-def test_convert_cuts_every_pair_into_tiles_holding_their_windows(tmp_path):
-    images, masks = write_pairs(tmp_path / "data", 5, size=(70, 100))
+@pytest.mark.parametrize(("image_format", "channels"), [("png", 3), ("jpeg", 3), ("png", 1),
+                                                        ("png", 4)])  # fmt: skip
+def test_convert_cuts_every_pair_into_tiles_holding_their_windows(tmp_path, image_format,
+                                                                  channels):  # fmt: skip
+    images, masks = write_pairs(tmp_path / "data", 5, size=(70, 100), image_format=image_format,
+                                channels=channels)  # fmt: skip
     manifest = tfshards.convert(images, masks, tmp_path / "out", tile_size=32, tile_overlap=8,
-                                num_classes=3, val_fraction=0.3, seed=1, **RUN)  # fmt: skip
+                                num_classes=3, val_fraction=0.3, seed=1, channels=channels,
+                                **RUN)  # fmt: skip
     per_image = 3 * 4  # rows 0, 24, 38; columns 0, 24, 48, 68
     assert sum(split.records for split in manifest.splits.values()) == 5 * per_image
     assert manifest.options["tile_size"] == 32 and manifest.options["tile_overlap"] == 8
@@ -493,6 +498,7 @@ def test_a_large_tiff_is_cut_into_bands_of_tile_rows_written_by_several_shards(t
     assert len({where[k] for k in where if k.startswith("000@")}) == 3  # 3 rows, 3 shards
     assert len({where[k] for k in where if k.startswith("png@")}) == 1  # decoded whole: once
     _check_tiles_are_windows(tmp_path / "bands", images, masks, 32, 8)
+    assert tfshards.verify(tmp_path / "bands").ok
     for source in ("000", "001", "png"):
         tiles = tfshards.tiles(tmp_path / "bands", source=source)
         stitcher = tfshards.Stitcher(tiles.height, tiles.width, classes=3)
