@@ -529,3 +529,20 @@ def test_tiles_of_an_untiled_image_is_its_one_record(tmp_path):
     tiles = tfshards.tiles(tmp_path / "out", source="001")
     assert tiles.windows == [Window(0, 0, 24, 32)] and tiles[0].key == "001"
     assert np.array_equal(tiles[0].mask, _source(masks, "001"))
+
+
+def test_tiffs_in_a_bucket_are_read_by_windows_into_the_same_shards(tmp_path, s3_bucket):
+    from s3_server import upload_folder
+
+    images, masks = _tiff_pairs(tmp_path / "data", 2, tile=(16, 16), compression="zlib")
+    settings = {"tile_size": 32, "tile_overlap": 8, "num_classes": 3, "shard_size": 1, **RUN}
+    local = tfshards.convert(images, masks, tmp_path / "local", **settings)
+    upload_folder(images, f"{s3_bucket}/images")
+    upload_folder(masks, f"{s3_bucket}/masks")
+    remote = tfshards.convert(f"{s3_bucket}/images", f"{s3_bucket}/masks", tmp_path / "remote",
+                              **settings)  # fmt: skip
+    assert remote.splits == local.splits
+    assert shard_bytes(tmp_path / "remote").keys() == shard_bytes(tmp_path / "local").keys()
+    for name, data in shard_bytes(tmp_path / "local").items():
+        if name != "tfshards.json":  # its source paths differ
+            assert shard_bytes(tmp_path / "remote")[name] == data, name
