@@ -546,3 +546,14 @@ def test_tiffs_in_a_bucket_are_read_by_windows_into_the_same_shards(tmp_path, s3
     for name, data in shard_bytes(tmp_path / "local").items():
         if name != "tfshards.json":  # its source paths differ
             assert shard_bytes(tmp_path / "remote")[name] == data, name
+
+
+def test_the_cli_converts_by_tiles(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 2, size=(70, 100))
+    argv = ["-q", "convert", "--images", str(images), "--masks", str(masks),
+            "--out", str(tmp_path / "out"), "--tile", "32", "--overlap", "8",
+            "--tile-smaller", "fail", "--decode-limit", "1MiB"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    manifest = tfshards.Manifest.load(tmp_path / "out")
+    assert manifest.options["tile_size"] == 32 and manifest.options["decode_limit"] == 2**20
+    assert manifest.splits["train"].records == 2 * 12
