@@ -557,3 +557,7 @@ def test_the_cli_converts_by_tiles(tmp_path, capsys):
     manifest = tfshards.Manifest.load(tmp_path / "out")
     assert manifest.options["tile_size"] == 32 and manifest.options["decode_limit"] == 2**20
     assert manifest.splits["train"].records == 2 * 12
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert "tiles: records are 32x32 tiles of the source images, overlap 8" in (
+        capsys.readouterr().out
+    )
