@@ -134,10 +134,15 @@ def _check_tiles_are_windows(out: Path, images: Path, masks: Path, tile: int, ov
     return by_source
 
 
-def test_convert_cuts_every_pair_into_tiles_holding_their_windows(tmp_path):
-    images, masks = write_pairs(tmp_path / "data", 5, size=(70, 100))
+@pytest.mark.parametrize(("image_format", "channels"), [("png", 3), ("jpeg", 3), ("png", 1),
+                                                        ("png", 4)])  # fmt: skip
+def test_convert_cuts_every_pair_into_tiles_holding_their_windows(tmp_path, image_format,
+                                                                  channels):  # fmt: skip
+    images, masks = write_pairs(tmp_path / "data", 5, size=(70, 100), image_format=image_format,
+                                channels=channels)  # fmt: skip
     manifest = tfshards.convert(images, masks, tmp_path / "out", tile_size=32, tile_overlap=8,
-                                num_classes=3, val_fraction=0.3, seed=1, **RUN)  # fmt: skip
+                                num_classes=3, val_fraction=0.3, seed=1, channels=channels,
+                                **RUN)  # fmt: skip
     per_image = 3 * 4  # rows 0, 24, 38; columns 0, 24, 48, 68
     assert sum(split.records for split in manifest.splits.values()) == 5 * per_image
     assert manifest.options["tile_size"] == 32 and manifest.options["tile_overlap"] == 8
@@ -493,6 +498,7 @@ def test_a_large_tiff_is_cut_into_bands_of_tile_rows_written_by_several_shards(t
     assert len({where[k] for k in where if k.startswith("000@")}) == 3  # 3 rows, 3 shards
     assert len({where[k] for k in where if k.startswith("png@")}) == 1  # decoded whole: once
     _check_tiles_are_windows(tmp_path / "bands", images, masks, 32, 8)
+    assert tfshards.verify(tmp_path / "bands").ok
     for source in ("000", "001", "png"):
         tiles = tfshards.tiles(tmp_path / "bands", source=source)
         stitcher = tfshards.Stitcher(tiles.height, tiles.width, classes=3)
@@ -523,3 +529,35 @@ def test_tiles_of_an_untiled_image_is_its_one_record(tmp_path):
     tiles = tfshards.tiles(tmp_path / "out", source="001")
     assert tiles.windows == [Window(0, 0, 24, 32)] and tiles[0].key == "001"
     assert np.array_equal(tiles[0].mask, _source(masks, "001"))
+
+
+def test_tiffs_in_a_bucket_are_read_by_windows_into_the_same_shards(tmp_path, s3_bucket):
+    from s3_server import upload_folder
+
+    images, masks = _tiff_pairs(tmp_path / "data", 2, tile=(16, 16), compression="zlib")
+    settings = {"tile_size": 32, "tile_overlap": 8, "num_classes": 3, "shard_size": 1, **RUN}
+    local = tfshards.convert(images, masks, tmp_path / "local", **settings)
+    upload_folder(images, f"{s3_bucket}/images")
+    upload_folder(masks, f"{s3_bucket}/masks")
+    remote = tfshards.convert(f"{s3_bucket}/images", f"{s3_bucket}/masks", tmp_path / "remote",
+                              **settings)  # fmt: skip
+    assert remote.splits == local.splits
+    assert shard_bytes(tmp_path / "remote").keys() == shard_bytes(tmp_path / "local").keys()
+    for name, data in shard_bytes(tmp_path / "local").items():
+        if name != "tfshards.json":  # its source paths differ
+            assert shard_bytes(tmp_path / "remote")[name] == data, name
+
+
+def test_the_cli_converts_by_tiles(tmp_path, capsys):
+    images, masks = write_pairs(tmp_path / "data", 2, size=(70, 100))
+    argv = ["-q", "convert", "--images", str(images), "--masks", str(masks),
+            "--out", str(tmp_path / "out"), "--tile", "32", "--overlap", "8",
+            "--tile-smaller", "fail", "--decode-limit", "1MiB"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    manifest = tfshards.Manifest.load(tmp_path / "out")
+    assert manifest.options["tile_size"] == 32 and manifest.options["decode_limit"] == 2**20
+    assert manifest.splits["train"].records == 2 * 12
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert "tiles: records are 32x32 tiles of the source images, overlap 8" in (
+        capsys.readouterr().out
+    )

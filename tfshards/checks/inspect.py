@@ -87,6 +87,8 @@ def dataset_summary(path: Location, storage_options: StorageOptions = None) -> d
         "num_classes_inferred": dataset.num_classes_inferred,
         "compression": asdict(manifest.compression),
         "seed": manifest.seed,
+        # --tile (docs/large-images.md): records are tiles of this size; None: whole images
+        "tiles": {k: manifest.options.get(f"tile_{k}") for k in ("size", "overlap")},
         "source": {k: v for k, v in manifest.source.items() if k != "fingerprint"},
         "skipped": [vars(s) for s in manifest.skipped],
         "unpaired": manifest.unpaired,
@@ -121,6 +123,12 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"{summary['compression']['level']}), seed {summary['seed']}",
         f"  source: images {summary['source']['images']}, masks {summary['source']['masks']}",
     ]
+    tiles = summary.get("tiles") or {}
+    if tiles.get("size"):
+        lines.append(
+            f"  tiles: records are {tiles['size']}x{tiles['size']} tiles of the source images, "
+            f"overlap {tiles['overlap']} (tfshards.tiles lists an image's)"
+        )
     for name, split in summary["splits"].items():
         sizes = split["shard_bytes"]
         lines.append(

@@ -76,7 +76,7 @@ def window_source(
     if _is_tiff(path) and _tifffile() is not None:
         with _opened_tiff(path, store) as tiff:
             page = tiff.pages.first
-            if len(tiff.pages) > 1:  # bands as pages: the series decoded whole
+            if len(tiff.series[0].pages) > 1:  # bands as pages: the series decoded whole
                 yield WholeArray(_tiff_series(tiff, limit))
             elif page.planarconfig == 1 or page.samplesperpixel == 1:
                 yield TiffWindows(tiff, page, _file_size(path, store), limit)

@@ -85,7 +85,8 @@ def tiles(
     """The tiles of the image whose key is ``source``, in grid order, with their windows.
 
     >>> tiles = tfshards.tiles("shards", "val", source="slide_07")  # doctest: +SKIP
-    >>> stitcher = tfshards.Stitcher(tiles.height, tiles.width, classes=3, out="pred.npy")
+    >>> stitcher = tfshards.Stitcher(tiles.height, tiles.width, classes=3,
+    ...                              out="pred.npy")  # doctest: +SKIP
     >>> for tile in tiles:  # doctest: +SKIP
     ...     stitcher.add(tile.window, model.predict(tile.image[None])[0])
     >>> labels = stitcher.finish()  # a memmap of the source's size  # doctest: +SKIP
