@@ -94,3 +94,25 @@ def test_a_large_tiffs_bands_and_type_come_from_its_tags_not_its_pixels(tmp_path
         tifffile.imread(path)
     pair = Pair("scene", path, tmp_path / "mask.png")
     assert image_layout(pair) == (BANDS, "uint16")
+
+
+def test_a_pyramids_reduced_levels_are_not_read_as_bands(tmp_path):
+    """A slide's reduced levels (pages of other sizes after the first) are not bands: the
+    first page is tiled by windows, and the levels are never decoded."""
+    root = tmp_path / "data"
+    (root / "images").mkdir(parents=True), (root / "masks").mkdir()
+    rgb = np.random.default_rng(0).integers(0, 256, (HEIGHT, WIDTH, 3), np.uint8)
+    with tifffile.TiffWriter(root / "images/slide.tif") as tiff:
+        tiff.write(rgb, tile=(16, 16), photometric="rgb", metadata=None)
+        tiff.write(rgb[::2, ::2], tile=(16, 16), photometric="rgb", metadata=None)
+        tiff.write(rgb[::4, ::4], photometric="rgb", metadata=None)
+    labels = (rgb[:, :, 0] // 100).astype(np.uint8)
+    Image.fromarray(labels).save(root / "masks/slide.png")
+    out = tmp_path / "out"
+    limit = HEIGHT * WIDTH  # under the first page's 3 bytes a pixel: it must be read by windows
+    tfshards.convert(root / "images", root / "masks", out, tile_size=32, tile_overlap=8,
+                     num_classes=3, val_fraction=0.0, decode_limit=limit, **RUN)  # fmt: skip
+    tiles = tfshards.tiles(out, source="slide")
+    assert (tiles.height, tiles.width, len(tiles)) == (HEIGHT, WIDTH, 12)
+    for tile in tiles:
+        assert np.array_equal(tile.image, rgb[tile.window.slices])
