@@ -484,3 +484,44 @@ def test_class_balanced_crops_of_a_mixed_source_find_their_class(two):
                 assert (m == 3).any()  # centred on a cell of class 3
                 crops += 1
     assert crops == 20
+
+
+def test_a_source_repeated_many_times_is_read_whole_each_time_then_sampled(two):
+    read = _mixed(two, weights={"a": 0.02, "b": 0.98}, epoch_size=200, seed=1)
+    for epoch in _epochs(read, 2):
+        held = np.bincount([i for tag, i in epoch if tag == 2], minlength=SIZES["b"])
+        assert held.sum() in (196, 197) and held.max() - held.min() <= 1  # 13 or 14 each
+
+
+def test_tiny_epochs_and_unshuffled_mixes(two):
+    one = _seen(_mixed(two, epoch_size=1, batch_size=1, seed=0))
+    assert len(one) == 1
+    ordered = _seen(_mixed(two, weights=[1, 1], epoch_size=20, shuffle=False))
+    assert [tag for tag, _ in ordered] == [1] * 10 + [2] * 10  # each source in turn
+    for tag, name in ((1, "a"), (2, "b")):  # its records in the manifest's order
+        pairs = tfshards.Pairs(two[name])
+        place = {int(pairs[i][0][0, 0, 0]): i for i in range(len(pairs))}
+        records = [place[index] for t, index in ordered if t == tag]
+        assert records == sorted(records) and len(set(records)) == 10
+
+
+def test_class_balance_after_a_label_map_draws_in_the_mapped_classes(two):
+    merged = tfshards.ClassBalanced(exclude=[0, 2], ratios={1: 1.0})
+    read = tfshards.read(
+        two["a"], batch_size=8, seed=0, label_map={3: 1}, sampling=merged, image_dtype="uint8"
+    )
+    assert sum(len(m) for _, m in read) == SIZES["a"]
+    with pytest.raises(OptionsError, match="names class 3, but the dataset has 3 classes"):
+        tfshards.read(two["a"], label_map={3: 1}, sampling=tfshards.ClassBalanced(ratios={3: 2}))
+
+
+def test_mixed_pairs_index_like_a_sequence_and_transform(two):
+    pairs = tfshards.Pairs(
+        two, weights=[1, 1], with_keys=True, transform=lambda i, m: (i[..., 1].max(), m)
+    )
+    assert pairs[-1][0] == 2 and pairs[0][0] == 1
+    assert pairs[-1][2] == tfshards.Pairs(two["b"]).key(14) == pairs.key(54)
+    with pytest.raises(IndexError, match="out of range for 55 pairs"):
+        pairs[55]
+    with pytest.raises(OptionsError, match="given to each"):
+        tfshards.Pairs(two, weights=[1, 1], label_map={1: 0})

@@ -8,13 +8,14 @@ The sources are one virtual split: source ``s`` holds global records ``offsets[s
     per-source counts: N x weight share, floor or ceil, the extra records given by
       systematic sampling over the sources (low_variance_counts; exact in expectation,
       a source of expected count 12.3 gets 12 or 13 records)
-    -> each source draws its count from its own selection: every record of it (or of
-      its records= subset) repeated whole as often as the count allows, the rest sampled
-      without repeats; with its sampling= (weights or ClassBalanced) drawn as for one
-      dataset with that epoch size
-    -> each source's records arranged as a read of that source alone (by its own shard
-      groups: reads stay within a few of its shards at a time)
-    -> the sources' streams merged at random positions: interleaved, not in blocks
+    -> each source's stream of that many records (``source_stream``): a source read by
+      index (all its records, or its records= subset) in passes of the order a read of
+      it alone has (its shard groups, so reads stay within a few of its shards at a
+      time), as many whole passes as the count allows, the last cut short (sampled
+      without repeats); with its sampling= (weights or ClassBalanced) drawn as for one
+      dataset with that epoch size, then arranged by its shard groups
+    -> the streams merged at random places (a shuffle of the sources' labels):
+      interleaved, not in blocks; with shuffle=False each source in turn, by index
 
 Masks are read through each source's label map (labels.py) into one taxonomy; the
 tables, the counts of ``info``/``class_weights`` and class-balanced draws are in it.
