@@ -525,3 +525,25 @@ def test_mixed_pairs_index_like_a_sequence_and_transform(two):
         pairs[55]
     with pytest.raises(OptionsError, match="given to each"):
         tfshards.Pairs(two, weights=[1, 1], label_map={1: 0})
+
+
+def test_one_hot_masks_are_in_the_mapped_classes(two):
+    arguments = {"batch_size": 8, "image_dtype": "uint8", "shuffle": False}
+    plain = [m.numpy()[..., 0] for _, m in tfshards.read(two["a"], **arguments)]
+    mapped = tfshards.read(two["a"], label_map={3: 1, 2: None}, one_hot=True, **arguments)
+    lookup = np.array([0, 1, -1, 1])  # -1: ignored, all zeros
+    for (_, hot), mask in zip(mapped, plain, strict=True):
+        wanted = np.eye(2, dtype=np.float32)[lookup[mask]] * (lookup[mask] >= 0)[..., None]
+        assert np.array_equal(hot.numpy(), wanted)
+    mixed = _mixed(_taxonomy(two), weights=[1, 1], one_hot=True, seed=0)
+    image, hot = next(iter(mixed))
+    assert hot.shape[-1] == 4 and set(hot.numpy().sum(-1).ravel().tolist()) <= {0.0, 1.0}
+
+
+def test_a_keras_layer_and_one_hot_after_a_label_map(two):
+    import keras
+
+    flip = keras.layers.RandomFlip("horizontal", seed=0)
+    arguments = {"batch_size": 8, "shuffle": False, "label_map": {3: 1}, "one_hot": True}
+    for _, hot in tfshards.read(two["a"], augment=flip, **arguments).take(2):
+        assert hot.shape[-1] == 3 and np.all(hot.numpy().sum(-1) == 1)
