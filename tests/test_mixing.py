@@ -547,3 +547,25 @@ def test_a_keras_layer_and_one_hot_after_a_label_map(two):
     arguments = {"batch_size": 8, "shuffle": False, "label_map": {3: 1}, "one_hot": True}
     for _, hot in tfshards.read(two["a"], augment=flip, **arguments).take(2):
         assert hot.shape[-1] == 3 and np.all(hot.numpy().sum(-1) == 1)
+
+
+def test_padding_stays_the_ignore_label_through_a_map_and_a_cache(two, tmp_path):
+    arguments = {"batch_size": 8, "image_dtype": "uint8", "shuffle": False, "pad_to": (12, 12)}
+    for _ in range(2):  # the second read comes from the cache the first built
+        read = tfshards.read(two["a"], label_map={3: 1}, cache=tmp_path, **arguments)
+        masks = np.concatenate([m.numpy() for _, m in read])
+        assert np.all(masks[:, 8:, :] == 255) and np.all(masks[:, :, 8:] == 255)
+        assert set(np.unique(masks[:, :8, :8]).tolist()) <= {0, 1, 2}
+
+
+def test_mixed_sizes_crops_resume_and_read_from_their_caches(two, tmp_path):
+    large = _dataset(tmp_path / "big", "b", 10, side=16)
+    sources = {"a": two["a"], "b": tfshards.Source(large, label_map={2: 1})}
+    arguments = {"weights": [4, 1], "epoch_size": 50, "seed": 3, "crop_size": (6, 6)}
+    first = [(i.numpy(), m.numpy()) for i, m in _mixed(sources, cache=tmp_path / "c", **arguments)]
+    assert {e.state for e in tfshards.list_caches(tmp_path / "c")} == {"ready"}
+    cached = _mixed(sources, cache=tmp_path / "c", start=(0, 1), **arguments)
+    for (image, mask), (want_image, want_mask) in zip(cached, first[1:], strict=False):
+        assert np.array_equal(image.numpy(), want_image)
+        assert np.array_equal(mask.numpy(), want_mask)
+    assert all(set(np.unique(m).tolist()) <= {0, 1, 2, 3} for _, m in first)
