@@ -329,14 +329,15 @@ def _source_seed(seed: int, source: int) -> int:
 
 def mix_digest(parts: Sequence[Part], shares: np.ndarray, epoch_size: int) -> str:
     """What decides a mix's epochs (a resume state must match it): each source's
-    dataset, split, selection and map, the shares and the epoch size."""
+    dataset, split, shard groups, selection and map, the shares and the epoch size."""
     digest = hashlib.sha256(f"mix {epoch_size} {shares.tobytes().hex()}".encode())
     for part in parts:
         plan = part.plan
         selection = plan.selection.digest or f"all {plan.shards.records}"
         mapped = part.labels.describe() if part.labels is not None else "-"
         key = shard_cache_key(plan.shards.manifest)
-        digest.update(f"|{part.name}|{key}|{plan.shards.split}|{selection}|{mapped}".encode())
+        order = f"{plan.shards.split}|{plan.group_shards}"  # its shard groups order it
+        digest.update(f"|{part.name}|{key}|{order}|{selection}|{mapped}".encode())
     return digest.hexdigest()[:16]
 
 
