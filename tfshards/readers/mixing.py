@@ -172,7 +172,13 @@ def _mixed(order: MixOrder, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         parts.append(records + order.offsets[s])
         classes.append(drawn)
     records = np.concatenate(parts)
-    drawn = np.concatenate(classes) if any(_drawn_for(c) for c in classes) else None
+    drawn = None  # no source draws for classes (the common case): no array of them
+    if any(c is not None for c in classes):
+        filled = [
+            np.full(len(r), NO_CLASS, np.int16) if c is None else c
+            for r, c in zip(parts, classes, strict=True)
+        ]
+        drawn = np.concatenate(filled)
     if order.shuffle:  # each source's stream at random places: interleaved
         rng = np.random.Generator(np.random.PCG64([order.seed, epoch, _MIX, len(counts)]))
         kind = np.int8 if len(counts) < 2**7 else np.int16
@@ -186,15 +192,10 @@ def _mixed(order: MixOrder, epoch: int) -> tuple[np.ndarray, np.ndarray]:
             mixed_classes[places] = drawn
             drawn = mixed_classes
         records = mixed
-    if drawn is None:  # no source draws for classes: none, without an array of them
+    if drawn is None:
         drawn = np.broadcast_to(np.int16(NO_CLASS), records.shape)
     records.flags.writeable = False
     return records, drawn
-
-
-def _drawn_for(classes: np.ndarray) -> bool:
-    """Whether any record of a source's draw stands for a class (class-balanced)."""
-    return bool(classes.size) and bool((classes != NO_CLASS).any())
 
 
 PASSES = 8  # a source read whole more often than this: drawn (tiled), not passed over
@@ -202,8 +203,9 @@ PASSES = 8  # a source read whole more often than this: drawn (tiled), not passe
 
 def source_stream(
     base: EpochOrder, selection: Selection, count: int, epoch: int, source: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` local records of one source in reading order, and their classes.
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``count`` local records of one source in reading order, and the class each was
+    drawn for (None: none was, the source is not class-balanced).
 
     A source read by index (all its records, or its records= subset), shuffled: passes
     over it, each in an order of a read of it alone (``EpochOrder``, its shard groups),
@@ -214,10 +216,11 @@ def source_stream(
     arranged by shard group."""
     uniform = selection.uniform and base.shuffle
     if uniform and count <= PASSES * len(_members(selection)):
-        return _passes(base, selection, count, epoch), np.full(count, NO_CLASS, np.int16)
+        return _passes(base, selection, count, epoch), None
     rng = np.random.Generator(np.random.PCG64([base.seed, epoch, _MIX, source]))
     records, drawn = source_draw(selection, count, rng)
-    return _arranged(base, epoch, records, drawn)
+    records, drawn = _arranged(base, epoch, records, drawn)
+    return records, drawn if selection.per_class or selection.drawn_class is not None else None
 
 
 def _members(selection: Selection) -> np.ndarray:
