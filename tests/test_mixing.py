@@ -569,3 +569,14 @@ def test_mixed_sizes_crops_resume_and_read_from_their_caches(two, tmp_path):
         assert np.array_equal(image.numpy(), want_image)
         assert np.array_equal(mask.numpy(), want_mask)
     assert all(set(np.unique(m).tolist()) <= {0, 1, 2, 3} for _, m in first)
+
+
+def test_weights_or_num_classes_without_their_counterpart_are_refused(two):
+    with pytest.raises(OptionsError, match=r"weights= mixes several datasets"):
+        tfshards.read(two["a"], weights=[1])
+    with pytest.raises(OptionsError, match=r"num_classes= is the shared taxonomy's size"):
+        tfshards.read(two["a"], num_classes=3)
+    with pytest.raises(OptionsError, match=r"empty mapping"):
+        tfshards.read({}, weights={})
+    with pytest.raises(OptionsError, match=r"a path or tfshards.Source"):
+        tfshards.read({"a": 3}, weights=[1])
