@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -350,6 +351,10 @@ def test_the_report_gives_each_dataset_and_class_share_of_an_epoch(two, capsys):
     assert main(["inspect", f"a={two['a']}", f"b={two['b']}", "--weights", "3", "1"]) == 0
     out = capsys.readouterr().out
     assert "one epoch of 55 records" in out and "75.0%" in out and "25.0%" in out
+    assert main(["inspect", f"a={two['a']}", f"b={two['b']}", "--weights", "3", "1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [d["share"] for d in shown["datasets"]] == [0.75, 0.25]
+    assert shown["classes"][3]["pixels_from"] == {"a": 1.0, "b": 0.0}
 
 
 # Point 6: bad input, refused before the first batch --------------------------------------
