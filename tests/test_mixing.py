@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -309,6 +310,17 @@ def test_datasets_of_other_channels_or_ignore_labels_are_refused_naming_both(two
     gray = _dataset(tmp_path / "gray", "b", 6, channels=1)
     with pytest.raises(OptionsError, match=r"'a' and 'g' differ in image channels \(3 and 1\)"):
         _mixed({"a": two["a"], "g": gray}, weights=[1, 1])
+    deep = tmp_path / "deep"  # 3 channels of uint16 (.npy images)
+    (deep / "images").mkdir(parents=True), (deep / "masks").mkdir()
+    for index in range(6):
+        np.save(deep / "images" / f"{index:03d}.npy", np.full((8, 8, 3), 40_000, np.uint16))
+        Image.fromarray(_mask("b", index, 8)).save(deep / "masks" / f"{index:03d}.png")
+    tfshards.convert(deep / "images", deep / "masks", deep / "out", num_classes=3,
+                     encoding="raw", progress=False)  # fmt: skip
+    with pytest.raises(
+        OptionsError, match=r"'a' and 'u' differ in image dtype \(uint8 and uint16\)"
+    ):
+        tfshards.read({"a": two["a"], "u": deep / "out"}, weights=[1, 1])  # float32
     ignoring = _dataset(tmp_path / "ignoring", "b", 6, ignore_label=255)
     with pytest.raises(OptionsError, match=r"'a' and 'i' declare different ignore labels"):
         _mixed({"a": two["a"], "i": ignoring}, weights=[1, 1])
@@ -350,6 +362,10 @@ def test_the_report_gives_each_dataset_and_class_share_of_an_epoch(two, capsys):
     assert main(["inspect", f"a={two['a']}", f"b={two['b']}", "--weights", "3", "1"]) == 0
     out = capsys.readouterr().out
     assert "one epoch of 55 records" in out and "75.0%" in out and "25.0%" in out
+    assert main(["inspect", f"a={two['a']}", f"b={two['b']}", "--weights", "3", "1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [d["share"] for d in shown["datasets"]] == [0.75, 0.25]
+    assert shown["classes"][3]["pixels_from"] == {"a": 1.0, "b": 0.0}
 
 
 # Point 6: bad input, refused before the first batch --------------------------------------
@@ -368,6 +384,7 @@ def test_the_report_gives_each_dataset_and_class_share_of_an_epoch(two, capsys):
         ({"weights": [1, 1], "records": [0]}, r"records= with several datasets"),
         ({"weights": [1, 1], "label_map": {1: 0}}, r"label_map= with several datasets"),
         ({"weights": [1, 1], "epoch_size": 0}, r"epoch_size"),
+        ({"weights": [1, 1], "normalize": True}, r"normalize=True with several datasets"),
         ({"weights": [1, 1], "num_classes": 3}, r"'a'.*reads classes \[3\]"),
     ],
 )
@@ -484,3 +501,99 @@ def test_class_balanced_crops_of_a_mixed_source_find_their_class(two):
                 assert (m == 3).any()  # centred on a cell of class 3
                 crops += 1
     assert crops == 20
+
+
+def test_a_source_repeated_many_times_is_read_whole_each_time_then_sampled(two):
+    read = _mixed(two, weights={"a": 0.02, "b": 0.98}, epoch_size=200, seed=1)
+    for epoch in _epochs(read, 2):
+        held = np.bincount([i for tag, i in epoch if tag == 2], minlength=SIZES["b"])
+        assert held.sum() in (196, 197) and held.max() - held.min() <= 1  # 13 or 14 each
+
+
+def test_tiny_epochs_and_unshuffled_mixes(two):
+    one = _seen(_mixed(two, epoch_size=1, batch_size=1, seed=0))
+    assert len(one) == 1
+    ordered = _seen(_mixed(two, weights=[1, 1], epoch_size=20, shuffle=False))
+    assert [tag for tag, _ in ordered] == [1] * 10 + [2] * 10  # each source in turn
+    for tag, name in ((1, "a"), (2, "b")):  # its records in the manifest's order
+        pairs = tfshards.Pairs(two[name])
+        place = {int(pairs[i][0][0, 0, 0]): i for i in range(len(pairs))}
+        records = [place[index] for t, index in ordered if t == tag]
+        assert records == sorted(records) and len(set(records)) == 10
+
+
+def test_class_balance_after_a_label_map_draws_in_the_mapped_classes(two):
+    merged = tfshards.ClassBalanced(exclude=[0, 2], ratios={1: 1.0})
+    read = tfshards.read(
+        two["a"], batch_size=8, seed=0, label_map={3: 1}, sampling=merged, image_dtype="uint8"
+    )
+    assert sum(len(m) for _, m in read) == SIZES["a"]
+    with pytest.raises(OptionsError, match="names class 3, but the dataset has 3 classes"):
+        tfshards.read(two["a"], label_map={3: 1}, sampling=tfshards.ClassBalanced(ratios={3: 2}))
+
+
+def test_mixed_pairs_index_like_a_sequence_and_transform(two):
+    pairs = tfshards.Pairs(
+        two, weights=[1, 1], with_keys=True, transform=lambda i, m: (i[..., 1].max(), m)
+    )
+    assert pairs[-1][0] == 2 and pairs[0][0] == 1
+    assert pairs[-1][2] == tfshards.Pairs(two["b"]).key(14) == pairs.key(54)
+    with pytest.raises(IndexError, match="out of range for 55 pairs"):
+        pairs[55]
+    with pytest.raises(OptionsError, match="given to each"):
+        tfshards.Pairs(two, weights=[1, 1], label_map={1: 0})
+
+
+def test_one_hot_masks_are_in_the_mapped_classes(two):
+    arguments = {"batch_size": 8, "image_dtype": "uint8", "shuffle": False}
+    plain = [m.numpy()[..., 0] for _, m in tfshards.read(two["a"], **arguments)]
+    mapped = tfshards.read(two["a"], label_map={3: 1, 2: None}, one_hot=True, **arguments)
+    lookup = np.array([0, 1, -1, 1])  # -1: ignored, all zeros
+    for (_, hot), mask in zip(mapped, plain, strict=True):
+        wanted = np.eye(2, dtype=np.float32)[lookup[mask]] * (lookup[mask] >= 0)[..., None]
+        assert np.array_equal(hot.numpy(), wanted)
+    mixed = _mixed(_taxonomy(two), weights=[1, 1], one_hot=True, seed=0)
+    image, hot = next(iter(mixed))
+    assert hot.shape[-1] == 4 and set(hot.numpy().sum(-1).ravel().tolist()) <= {0.0, 1.0}
+
+
+def test_a_keras_layer_and_one_hot_after_a_label_map(two):
+    import keras
+
+    flip = keras.layers.RandomFlip("horizontal", seed=0)
+    arguments = {"batch_size": 8, "shuffle": False, "label_map": {3: 1}, "one_hot": True}
+    for _, hot in tfshards.read(two["a"], augment=flip, **arguments).take(2):
+        assert hot.shape[-1] == 3 and np.all(hot.numpy().sum(-1) == 1)
+
+
+def test_padding_stays_the_ignore_label_through_a_map_and_a_cache(two, tmp_path):
+    arguments = {"batch_size": 8, "image_dtype": "uint8", "shuffle": False, "pad_to": (12, 12)}
+    for _ in range(2):  # the second read comes from the cache the first built
+        read = tfshards.read(two["a"], label_map={3: 1}, cache=tmp_path, **arguments)
+        masks = np.concatenate([m.numpy() for _, m in read])
+        assert np.all(masks[:, 8:, :] == 255) and np.all(masks[:, :, 8:] == 255)
+        assert set(np.unique(masks[:, :8, :8]).tolist()) <= {0, 1, 2}
+
+
+def test_mixed_sizes_crops_resume_and_read_from_their_caches(two, tmp_path):
+    large = _dataset(tmp_path / "big", "b", 10, side=16)
+    sources = {"a": two["a"], "b": tfshards.Source(large, label_map={2: 1})}
+    arguments = {"weights": [4, 1], "epoch_size": 50, "seed": 3, "crop_size": (6, 6)}
+    first = [(i.numpy(), m.numpy()) for i, m in _mixed(sources, cache=tmp_path / "c", **arguments)]
+    assert {e.state for e in tfshards.list_caches(tmp_path / "c")} == {"ready"}
+    cached = _mixed(sources, cache=tmp_path / "c", start=(0, 1), **arguments)
+    for (image, mask), (want_image, want_mask) in zip(cached, first[1:], strict=False):
+        assert np.array_equal(image.numpy(), want_image)
+        assert np.array_equal(mask.numpy(), want_mask)
+    assert all(set(np.unique(m).tolist()) <= {0, 1, 2, 3} for _, m in first)
+
+
+def test_weights_or_num_classes_without_their_counterpart_are_refused(two):
+    with pytest.raises(OptionsError, match=r"weights= mixes several datasets"):
+        tfshards.read(two["a"], weights=[1])
+    with pytest.raises(OptionsError, match=r"num_classes= is the shared taxonomy's size"):
+        tfshards.read(two["a"], num_classes=3)
+    with pytest.raises(OptionsError, match=r"empty mapping"):
+        tfshards.read({}, weights={})
+    with pytest.raises(OptionsError, match=r"a path or tfshards.Source"):
+        tfshards.read({"a": 3}, weights=[1])

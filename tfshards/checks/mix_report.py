@@ -43,6 +43,21 @@ class MixExposure:
     def class_record_share(self) -> np.ndarray:
         return self.holding.sum(axis=0) / self.epoch_records
 
+    def as_dict(self) -> dict:
+        """The report as JSON-ready values (``tfshards inspect --json``)."""
+        classes = []
+        for klass, share in enumerate(self.class_pixel_share.tolist()):
+            total = max(float(self.pixels[:, klass].sum()), 1e-300)
+            from_each = {n: float(self.pixels[k, klass]) / total for k, n in enumerate(self.names)}
+            held = float(self.class_record_share[klass])
+            classes.append({"class": klass, "pixel_share": share, "record_share": held})
+            classes[-1]["pixels_from"] = from_each
+        datasets = [
+            {"name": n, "records": float(self.records[k]), "share": float(self.source_share[k])}
+            for k, n in enumerate(self.names)
+        ]
+        return {"epoch_records": self.epoch_records, "datasets": datasets, "classes": classes}
+
     def describe(self) -> str:
         lines = [
             f"one epoch of {self.epoch_records} records, {self.num_classes} shared classes:",

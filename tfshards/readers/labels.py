@@ -246,12 +246,6 @@ def read_labels(shards: Any, a: dict[str, Any], unordered: str | None) -> LabelM
         return None
     if unordered is not None:
         raise OptionsError(f"label_map= needs a read by index, and this one cannot be: {unordered}")
-    if a.get("one_hot"):
-        raise OptionsError(
-            "one_hot=True with label_map= is not supported yet: read class indices "
-            "(one_hot=False) with a sparse loss, e.g. "
-            "SparseCategoricalCrossentropy(ignore_class=<the ignore label>)"
-        )
     if classes is not None and (not _is_class(classes) or classes < 1):
         raise OptionsError(f"num_classes must be an integer >= 1, got {classes!r}")
     where = f"{shards.root} (split {shards.split})"

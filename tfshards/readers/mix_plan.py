@@ -26,7 +26,7 @@ from tfshards.readers.mixing import (
     shared_labels,
     sources_of,
 )
-from tfshards.readers.plan import Batching, ReadPlan, plan_read
+from tfshards.readers.plan import Batching, ReadPlan, mapped_finishing, plan_read
 from tfshards.readers.sampling import Selection
 from tfshards.readers.selection import EPOCH_BOUND, select
 from tfshards.sources.pixel_batches import aligned_empty
@@ -44,17 +44,18 @@ def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
             )
     if a.get("service") is not None:
         raise OptionsError("several datasets cannot be read through the tf.data service")
+    if a.get("normalize"):  # each dataset's statistics are its own; one set is not defined
+        raise OptionsError(
+            "normalize=True with several datasets: their per-channel statistics differ and "
+            "a mix has none of its own; read float32 or uint16 and normalize in the model "
+            "(e.g. keras.layers.Normalization with the statistics you choose)"
+        )
     shares = mix_shares(a.get("weights"), list(sources))
     plans = _source_plans(sources, a)
     manifests = {name: plan.shards.manifest for name, plan in plans.items()}
     check_alike(manifests)
     _check_distinct(plans)
     maps = resolved_maps(sources, manifests, a.get("num_classes"))
-    if a["one_hot"] and any(m is not None for m in maps.values()):
-        raise OptionsError(
-            "one_hot=True with label maps (or datasets of different class counts) is not "
-            "supported yet: read class indices (one_hot=False) with a sparse loss"
-        )
     plans = _alike_shapes(plans, a)
     parts = tuple(_part(name, source, plans[name], maps[name]) for name, source in sources.items())
     available = sum(part.plan.selection.epoch_size for part in parts)
@@ -64,12 +65,14 @@ def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     selection = _mixed_selection(parts, shares, size)
     mix = Mix(parts, shares, size, selection)
     first = parts[0].plan
+    labels = shared_labels(parts)
     return replace(
         first,
+        finishing=mapped_finishing(first.shards, a, labels),
         records=_joined_records(parts),
         selection=selection,
         batching=Batching(first.batching.size, first.batching.drop_remainder, size),
-        labels=shared_labels(parts),
+        labels=labels,
         mix=mix,
     )
 

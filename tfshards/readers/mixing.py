@@ -8,13 +8,14 @@ The sources are one virtual split: source ``s`` holds global records ``offsets[s
     per-source counts: N x weight share, floor or ceil, the extra records given by
       systematic sampling over the sources (low_variance_counts; exact in expectation,
       a source of expected count 12.3 gets 12 or 13 records)
-    -> each source draws its count from its own selection: every record of it (or of
-      its records= subset) repeated whole as often as the count allows, the rest sampled
-      without repeats; with its sampling= (weights or ClassBalanced) drawn as for one
-      dataset with that epoch size
-    -> each source's records arranged as a read of that source alone (by its own shard
-      groups: reads stay within a few of its shards at a time)
-    -> the sources' streams merged at random positions: interleaved, not in blocks
+    -> each source's stream of that many records (``source_stream``): a source read by
+      index (all its records, or its records= subset) in passes of the order a read of
+      it alone has (its shard groups, so reads stay within a few of its shards at a
+      time), as many whole passes as the count allows, the last cut short (sampled
+      without repeats); with its sampling= (weights or ClassBalanced) drawn as for one
+      dataset with that epoch size, then arranged by its shard groups
+    -> the streams merged at random places (a shuffle of the sources' labels):
+      interleaved, not in blocks; with shuffle=False each source in turn, by index
 
 Masks are read through each source's label map (labels.py) into one taxonomy; the
 tables, the counts of ``info``/``class_weights`` and class-balanced draws are in it.
@@ -171,7 +172,13 @@ def _mixed(order: MixOrder, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         parts.append(records + order.offsets[s])
         classes.append(drawn)
     records = np.concatenate(parts)
-    drawn = np.concatenate(classes) if any(_drawn_for(c) for c in classes) else None
+    drawn = None  # no source draws for classes (the common case): no array of them
+    if any(c is not None for c in classes):
+        filled = [
+            np.full(len(r), NO_CLASS, np.int16) if c is None else c
+            for r, c in zip(parts, classes, strict=True)
+        ]
+        drawn = np.concatenate(filled)
     if order.shuffle:  # each source's stream at random places: interleaved
         rng = np.random.Generator(np.random.PCG64([order.seed, epoch, _MIX, len(counts)]))
         kind = np.int8 if len(counts) < 2**7 else np.int16
@@ -185,15 +192,10 @@ def _mixed(order: MixOrder, epoch: int) -> tuple[np.ndarray, np.ndarray]:
             mixed_classes[places] = drawn
             drawn = mixed_classes
         records = mixed
-    if drawn is None:  # no source draws for classes: none, without an array of them
+    if drawn is None:
         drawn = np.broadcast_to(np.int16(NO_CLASS), records.shape)
     records.flags.writeable = False
     return records, drawn
-
-
-def _drawn_for(classes: np.ndarray) -> bool:
-    """Whether any record of a source's draw stands for a class (class-balanced)."""
-    return bool(classes.size) and bool((classes != NO_CLASS).any())
 
 
 PASSES = 8  # a source read whole more often than this: drawn (tiled), not passed over
@@ -201,8 +203,9 @@ PASSES = 8  # a source read whole more often than this: drawn (tiled), not passe
 
 def source_stream(
     base: EpochOrder, selection: Selection, count: int, epoch: int, source: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` local records of one source in reading order, and their classes.
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``count`` local records of one source in reading order, and the class each was
+    drawn for (None: none was, the source is not class-balanced).
 
     A source read by index (all its records, or its records= subset), shuffled: passes
     over it, each in an order of a read of it alone (``EpochOrder``, its shard groups),
@@ -213,10 +216,11 @@ def source_stream(
     arranged by shard group."""
     uniform = selection.uniform and base.shuffle
     if uniform and count <= PASSES * len(_members(selection)):
-        return _passes(base, selection, count, epoch), np.full(count, NO_CLASS, np.int16)
+        return _passes(base, selection, count, epoch), None
     rng = np.random.Generator(np.random.PCG64([base.seed, epoch, _MIX, source]))
     records, drawn = source_draw(selection, count, rng)
-    return _arranged(base, epoch, records, drawn)
+    records, drawn = _arranged(base, epoch, records, drawn)
+    return records, drawn if selection.per_class or selection.drawn_class is not None else None
 
 
 def _members(selection: Selection) -> np.ndarray:
@@ -328,14 +332,15 @@ def _source_seed(seed: int, source: int) -> int:
 
 def mix_digest(parts: Sequence[Part], shares: np.ndarray, epoch_size: int) -> str:
     """What decides a mix's epochs (a resume state must match it): each source's
-    dataset, split, selection and map, the shares and the epoch size."""
+    dataset, split, shard groups, selection and map, the shares and the epoch size."""
     digest = hashlib.sha256(f"mix {epoch_size} {shares.tobytes().hex()}".encode())
     for part in parts:
         plan = part.plan
         selection = plan.selection.digest or f"all {plan.shards.records}"
         mapped = part.labels.describe() if part.labels is not None else "-"
         key = shard_cache_key(plan.shards.manifest)
-        digest.update(f"|{part.name}|{key}|{plan.shards.split}|{selection}|{mapped}".encode())
+        order = f"{plan.shards.split}|{plan.group_shards}"  # its shard groups order it
+        digest.update(f"|{part.name}|{key}|{order}|{selection}|{mapped}".encode())
     return digest.hexdigest()[:16]
 
 

@@ -192,7 +192,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
             a["drop_remainder"],
             shards.records if selection is None else selection.epoch_size,
         ),
-        finishing=_finishing(shards, a),
+        finishing=mapped_finishing(shards, a, labels),
         options=options,
         seed=a["seed"],
         order_seed=_resolved_seed(a["seed"], pipeline[1]),
@@ -315,6 +315,15 @@ def _downloads(shards: SplitShards, options: ReadOptions, cycle_length: int) -> 
 
 def _open_at_once(cycle_length: int) -> int:
     return 1 if cycle_length == 1 else 2 * cycle_length
+
+
+def mapped_finishing(shards: SplitShards, a: dict[str, Any], labels: Any) -> Finishing:
+    """read()'s finishing; with label maps, one-hot in the classes they read into."""
+    if labels is None or not a["one_hot"]:
+        return _finishing(shards, a)
+    from tfshards.readers.relabel import one_hot_finishing
+
+    return one_hot_finishing(_finishing(shards, {**a, "one_hot": False}), labels)
 
 
 def _finishing(shards: SplitShards, a: dict[str, Any]) -> Finishing:

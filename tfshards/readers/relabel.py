@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import tensorflow as tf
 
@@ -25,3 +27,29 @@ def relabeller(labels: MaskLabels | None) -> Callable[[tf.Tensor, tf.Tensor], tf
         return tf.gather(table, masks + tf.reshape(shift, [-1, 1, 1, 1]))
 
     return relabel
+
+
+def one_hot_finishing(finishing: Any, labels: MaskLabels) -> Any:
+    """A plan's Finishing (made without one-hot) that one-hot encodes the masks in the
+    shared classes after everything else; the ignore label (never a shared class) gives
+    all-zero vectors."""
+    classes = labels.num_classes
+
+    def encode(mask: tf.Tensor) -> tf.Tensor:
+        return tf.one_hot(mask[..., 0], classes, dtype=tf.float32)  # zero above the depth
+
+    if finishing.layer is not None:
+        layer = finishing.layer
+
+        def layered(image: tf.Tensor, mask: tf.Tensor, step: tf.Tensor | None = None):
+            image, mask = layer(image, mask, step)
+            return image, encode(mask)
+
+        return replace(finishing, layer=layered)
+    finish = finishing.finish
+
+    def finished(image: tf.Tensor, mask: tf.Tensor):
+        image, mask = finish(image, mask)
+        return image, encode(mask)
+
+    return replace(finishing, finish=finished)
