@@ -107,13 +107,11 @@ def read(
     uninterrupted read would be (see :class:`tfshards.ResumeCallback`); every read
     resumes, crops and pads included, except through the tf.data service (``service``).
 
-    records: read only these records of the split: their keys, a boolean mask over the
-    split's per-record table (``tfshards.records(path, split)``) or indices into it; each
-    once per epoch, shuffled as any epoch. sampling: one weight per record of the table,
-    or ``tfshards.ClassBalanced(...)``: each epoch draws ``epoch_size`` records (default:
-    the records read) by weight or by class, as a function of (seed, epoch). Both are
-    decided from the table before a pixel is read, and resume exactly
-    (docs: "Sampling and subsets").
+    records: only these records of the split (keys, a boolean mask over its per-record
+    table ``tfshards.records(path, split)``, or indices), each once per epoch. sampling:
+    a weight per record, or ``tfshards.ClassBalanced(...)``: each epoch draws
+    ``epoch_size`` records (default: the records read) as a function of (seed, epoch),
+    decided from the table before a pixel is read (docs: "Sampling and subsets").
 
     label_map ``{class: shared class or None}``, num_classes: masks read in other classes;
     path ``{"a": "a/", "b": "b/"}`` with ``weights`` mixes datasets ("Mixing datasets").
