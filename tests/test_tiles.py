@@ -439,6 +439,22 @@ def test_the_stitcher_refuses_what_does_not_fit(tmp_path):
         tfshards.Stitcher(10, 10, classes=3, blend="max")
 
 
+@pytest.mark.parametrize(
+    "scores, match",
+    [
+        (np.full((4, 4, 2), np.nan, np.float32), "hold 32 NaN or infinite values"),
+        (np.full((4, 4, 2), np.inf, np.float32), "hold 32 NaN or infinite values"),
+        (np.full((4, 4, 2), "a"), "scores of dtype <U1: expected real numbers"),
+        (np.ones((4, 4, 2), np.complex64), "scores of dtype complex64"),
+    ],
+)
+def test_the_stitcher_refuses_scores_that_are_not_finite_real_numbers(scores, match):
+    stitcher = tfshards.Stitcher(4, 4, classes=2, output="scores")
+    with pytest.raises(StitchError, match=match):
+        stitcher.add(Window(0, 0, 4, 4), scores)
+    assert stitcher.tiles == 0
+
+
 def test_the_table_covers_tiles_so_sampling_by_class_picks_tiles_holding_it(tmp_path):
     images, masks = tmp_path / "images", tmp_path / "masks"
     images.mkdir(), masks.mkdir()

@@ -106,7 +106,15 @@ class Stitcher:
                 f"a prediction of shape {prediction.shape}: expected class indices {size} "
                 f"or scores {(*size, self.classes)}"
             )
-        return prediction.astype(np.float32, copy=False)
+        if prediction.dtype.kind not in "iuf":
+            raise StitchError(f"scores of dtype {prediction.dtype}: expected real numbers")
+        scores = prediction.astype(np.float32, copy=False)
+        if not np.isfinite(scores).all():  # a NaN would be argmax's pick, silently
+            raise StitchError(
+                f"scores for window {window} hold {int(np.sum(~np.isfinite(scores)))} NaN "
+                "or infinite values (a model that diverged, or float16 overflow)"
+            )
+        return scores
 
     def finish(self) -> np.ndarray:
         """The blended prediction (see the module docstring), as a memmap; the scratch
