@@ -439,6 +439,17 @@ def test_the_stitcher_refuses_what_does_not_fit(tmp_path):
         tfshards.Stitcher(10, 10, classes=3, blend="max")
 
 
+def test_a_stitcher_with_uncovered_pixels_writes_no_output_file(tmp_path):
+    target = tmp_path / "pred.npy"
+    stitcher = tfshards.Stitcher(300, 4, classes=2, out=target)
+    stitcher.add(Window(0, 0, 299, 4), np.zeros((299, 4), np.uint8))
+    with pytest.raises(StitchError, match="row 299 has pixels no tile covered"):
+        stitcher.finish()
+    assert not target.exists()  # a partial result would load as a complete one
+    stitcher.add(Window(299, 0, 1, 4), np.ones((1, 4), np.uint8))
+    assert np.array_equal(stitcher.finish()[298:], [[0] * 4, [1] * 4])
+
+
 @pytest.mark.parametrize(
     "scores, match",
     [

@@ -124,21 +124,25 @@ class Stitcher:
         labels = self.output == "labels"
         shape = (self.height, self.width) if labels else (self.height, self.width, self.classes)
         dtype = (np.uint8 if self.classes <= 256 else np.int32) if labels else np.float32
-        result = _output(self.out, shape, dtype)
         band = max(1, _BAND_BYTES // (self.width * self.classes * 4))
+        self._check_covered(band)  # before ``out`` is written: no partial output is left
+        result = _output(self.out, shape, dtype)
         for top in range(0, self.height, band):
             rows = slice(top, min(top + band, self.height))
-            weights = self._weights[rows]
+            weights, sums = self._weights[rows], self._sums[rows]
+            result[rows] = sums.argmax(axis=2) if labels else sums / weights[:, :, None]
+        result.flush()
+        self._sums = self._weights = None  # unmapped: their files are gone already
+        return result
+
+    def _check_covered(self, band: int) -> None:
+        for top in range(0, self.height, band):
+            weights = self._weights[top : top + band]
             if not weights.all():
                 row = top + int(np.flatnonzero(~weights.all(axis=1))[0])
                 raise StitchError(
                     f"row {row} has pixels no tile covered: add every tile of the source"
                 )
-            sums = self._sums[rows]
-            result[rows] = sums.argmax(axis=2) if labels else sums / weights[:, :, None]
-        result.flush()
-        self._sums = self._weights = None  # unmapped: their files are gone already
-        return result
 
 
 def _scratch(shape: tuple[int, ...], folder: Path | None) -> np.ndarray:
