@@ -450,6 +450,13 @@ def test_a_stitcher_with_uncovered_pixels_writes_no_output_file(tmp_path):
     assert np.array_equal(stitcher.finish()[298:], [[0] * 4, [1] * 4])
 
 
+def test_the_stitcher_refuses_an_out_it_cannot_write_before_any_tile(tmp_path):
+    with pytest.raises(OptionsError, match=r"the folder .*missing does not exist"):
+        tfshards.Stitcher(4, 4, classes=2, out=tmp_path / "missing" / "pred.npy")
+    with pytest.raises(OptionsError, match="out must be a .npy file to write, got the folder"):
+        tfshards.Stitcher(4, 4, classes=2, out=tmp_path)
+
+
 @pytest.mark.parametrize(
     "scores, match",
     [

@@ -66,7 +66,7 @@ class Stitcher:
             if value not in valid:
                 raise OptionsError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
         self.blend, self.output = blend, output
-        self.out = None if out is None else Path(out)
+        self.out = None if out is None else _checked_out(Path(out))
         folder = self.out.parent if self.out is not None else None
         self._sums = _scratch((self.height, self.width, self.classes), folder)
         self._weights = _scratch((self.height, self.width), folder)
@@ -143,6 +143,16 @@ class Stitcher:
                 raise StitchError(
                     f"row {row} has pixels no tile covered: add every tile of the source"
                 )
+
+
+def _checked_out(out: Path) -> Path:
+    """``out`` as given, if a file can be written there (refused now, not after every
+    tile was added)."""
+    if out.is_dir():
+        raise OptionsError(f"out must be a .npy file to write, got the folder {out}")
+    if not out.parent.is_dir():
+        raise OptionsError(f"out: the folder {out.parent} does not exist; create it first")
+    return out
 
 
 def _scratch(shape: tuple[int, ...], folder: Path | None) -> np.ndarray:
