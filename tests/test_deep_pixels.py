@@ -225,6 +225,11 @@ def test_uint16_datasets_refuse_uint8_and_resizing_reads(tmp_path):
         tfshards.read(out, image_size=(16, 16))
     with pytest.raises(OptionsError, match="image_dtype must be one of"):
         tfshards.read(out, image_dtype="int16")
+    for dtype in ("uint16", "uint8"):  # normalize's float32 was given instead, silently
+        with pytest.raises(
+            OptionsError, match=f"normalize=True gives float32 images; image_dtype='{dtype}'"
+        ):
+            tfshards.read(out, image_dtype=dtype, normalize=True, batch_size=1)
 
 
 def test_the_disk_and_memory_caches_keep_uint16(tmp_path):
