@@ -385,6 +385,9 @@ def test_tiles_lists_one_sources_tiles_in_grid_order_with_their_windows(tiled):
         assert np.array_equal(tile.mask, mask[window.slices])
     with pytest.raises(RecordTableError, match="no record of source '03'"):
         tfshards.tiles(out, "train", source="03")
+    # a tile's own key is not a source: it listed one tile at (0, 0) of a 32x32 "source"
+    with pytest.raises(RecordTableError, match="'003@r24_c0' is the key of one tile of '003'"):
+        tfshards.tiles(out, "train", source="003@r24_c0")
 
 
 @pytest.mark.parametrize("blend", ["mean", "gaussian"])

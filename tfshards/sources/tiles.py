@@ -116,7 +116,23 @@ def tiles(
         for row, column, index in found
     ]
     pairs = Pairs(path, split, options=options)
+    if tile_position(source) is not None:  # a whole image so named, or a tile's key
+        _check_not_a_tile(pairs, source, found[0][2])
     return SourceTiles(pairs, source, [index for _, _, index in found], windows)
+
+
+def _check_not_a_tile(pairs: Pairs, source: str, record: int) -> None:
+    """``source`` names a record (the table cannot tell a whole image keyed like a tile
+    from a tile): a tile's own key would list it alone, at window (0, 0) of a source of
+    its size, so it is refused, naming its source."""
+    features = parse_example(pairs.records.read([record])[0])
+    if features.get("source/key") is not None:
+        held = os.fsdecode(features["source/key"])
+        raise RecordTableError(
+            f"source {source!r} is the key of one tile of {held!r} (row "
+            f"{int(features['source/row'])}, column {int(features['source/column'])}); "
+            f"pass source={held!r} for the tiles of that image"
+        )
 
 
 def _check_window(features: dict, source: str, window: Window, where: str) -> None:
