@@ -568,6 +568,30 @@ def test_tiles_of_an_untiled_image_is_its_one_record(tmp_path):
     assert np.array_equal(tiles[0].mask, _source(masks, "001"))
 
 
+def test_sources_named_like_tiles_are_told_from_tiles(tmp_path):
+    rng = np.random.default_rng(0)
+    for folder in ("images", "masks"):
+        (tmp_path / folder).mkdir()
+    for name in ("x", "x@r0_c0", "y@r4_c4"):  # "x"'s first tile is keyed "x@r0_c0" too
+        Image.fromarray(rng.integers(0, 255, (20, 24), np.uint8)).save(
+            tmp_path / "images" / f"{name}.png"
+        )
+        Image.fromarray(rng.integers(0, 2, (20, 24), np.uint8)).save(
+            tmp_path / "masks" / f"{name}.png"
+        )
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    tfshards.convert(images, masks, tmp_path / "whole", val_fraction=0, **RUN)
+    assert tfshards.tiles(tmp_path / "whole", source="y@r4_c4").windows == [Window(0, 0, 20, 24)]
+    tfshards.convert(images, masks, tmp_path / "tiled", tile_size=16, val_fraction=0, **RUN)
+    expected = grid_windows(20, 24, 16, 0)
+    for source in ("x", "x@r0_c0", "y@r4_c4"):
+        tiles = tfshards.tiles(tmp_path / "tiled", source=source)
+        assert tiles.windows == expected, source
+        assert [tile.key for tile in tiles] == [tile_key(source, w) for w in expected]
+    with pytest.raises(RecordTableError, match="'y@r4_c4@r4_c8' is the key of one tile of"):
+        tfshards.tiles(tmp_path / "tiled", source="y@r4_c4@r4_c8")
+
+
 def test_tiffs_in_a_bucket_are_read_by_windows_into_the_same_shards(tmp_path, s3_bucket):
     from s3_server import upload_folder
 
