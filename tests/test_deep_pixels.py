@@ -385,6 +385,14 @@ def test_16bit_masks_beyond_the_classes_are_refused(tmp_path, suffix):
         _convert(tmp_path / "again", encoding="raw")
 
 
+def test_16bit_mask_values_are_remapped_by_a_mask_map_given_as_a_dict(tmp_path):
+    mask = (np.arange(32 * 32).reshape(SIZE) % 2 * 1000).astype(np.uint16)  # 0 and 1000
+    _mask_case(tmp_path, mask, ".tif")
+    _convert(tmp_path, encoding="raw", num_classes=2, mask_map={0: 0, 1000: 1})
+    ((_, found),) = _pairs_by_key(tmp_path / "out").values()
+    assert np.array_equal(found[:, :, 0], mask // 1000)
+
+
 # ---- verify, inspect, TFDS, buckets -------------------------------------------------------
 
 
