@@ -274,14 +274,18 @@ def _check_limit(height: int, width: int, pixel_bytes: int, limit: int) -> None:
     needed = int(height) * int(width) * int(pixel_bytes)
     if needed > limit:
         raise WindowError(
-            f"{height}x{width} (HxW) decoded at once takes {_gib(needed)}, over the decode "
-            f"limit of {_gib(limit)} ({LIMIT_OPTION}); this file is decoded whole (or in "
+            f"{height}x{width} (HxW) decoded at once takes {_size(needed)}, over the decode "
+            f"limit of {_size(limit)} ({LIMIT_OPTION}); this file is decoded whole (or in "
             "strips this large): save it as a tiled TIFF (read by windows) or raise the limit"
         )
 
 
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB"
+def _size(size: int) -> str:
+    """A size in the unit that tells it apart from the limit (a small --decode-limit read
+    "0.00 GiB, over the decode limit of 0.00 GiB")."""
+    if size < 2**20:
+        return f"{size} bytes"
+    return f"{size / 2**20:.1f} MiB" if size < 2**30 else f"{size / 2**30:.2f} GiB"
 
 
 @contextlib.contextmanager
