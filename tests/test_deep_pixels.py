@@ -393,6 +393,43 @@ def test_16bit_mask_values_are_remapped_by_a_mask_map_given_as_a_dict(tmp_path):
     assert np.array_equal(found[:, :, 0], mask // 1000)
 
 
+def _colour_png16(path: Path, samples: np.ndarray) -> None:
+    """A PNG of 16-bit RGB ([H, W, 3]) or RGBA samples, which Pillow does not write."""
+    import struct
+    import zlib
+
+    height, width, bands = samples.shape
+    rows = b"".join(b"\x00" + row.astype(">u2").tobytes() for row in samples)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 16, {3: 2, 4: 6}[bands], 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+
+
+@pytest.mark.parametrize("tile_size", [None, 16])
+def test_16bit_colour_pngs_are_refused_not_cut_to_8_bits(tmp_path, tile_size):
+    """Pillow reads them as 8 bits: images lost their low bits, masks' classes 300 and 600
+    became 1 and 2, silently."""
+    rng = np.random.default_rng(0)
+    for folder in ("images", "masks"):
+        (tmp_path / folder).mkdir()
+    _colour_png16(tmp_path / "images" / "000.png", rng.integers(0, 2**16, (*SIZE, 3), np.uint16))
+    Image.fromarray(np.zeros(SIZE, np.uint8)).save(tmp_path / "masks" / "000.png")
+    with pytest.raises(PairError, match=r"000\.png: a 16-bit RGB PNG, which Pillow reads as 8"):
+        _convert(tmp_path, tile_size=tile_size)
+    (tmp_path / "images" / "000.png").unlink()
+    Image.fromarray(np.zeros((*SIZE, 3), np.uint8)).save(tmp_path / "images" / "000.png")
+    labels = np.repeat((np.arange(32 * 32).reshape(*SIZE, 1) % 3 * 300).astype(np.uint16), 4, 2)
+    _colour_png16(tmp_path / "masks" / "000.png", labels)
+    with pytest.raises(PairError, match=r"mask file .*000\.png: a 16-bit RGBA PNG"):
+        _convert(tmp_path, tile_size=tile_size, mask_map={0: 0, 300: 1, 600: 2})
+
+
 # ---- verify, inspect, TFDS, buckets -------------------------------------------------------
 
 

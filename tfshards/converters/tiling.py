@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from tfshards import storage
+from tfshards.converters.deep_files import LayoutError
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pair_table import PairTable
 from tfshards.converters.pairing import Pair
@@ -157,7 +158,8 @@ class _stage:
             or not isinstance(exc, Exception)
         ):
             return False
-        reason = str(exc) if isinstance(exc, WindowError) else f"{type(exc).__name__}: {exc}"
+        plain = isinstance(exc, WindowError | LayoutError)
+        reason = str(exc) if plain else f"{type(exc).__name__}: {exc}"
         raise PairError(self.pair.key, str(self.path), self.field, reason) from exc
 
 

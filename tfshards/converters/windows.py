@@ -259,6 +259,8 @@ def _tiff_pixels(page: Any, path: Location, limit: int) -> Image.Image | np.ndar
 
 def _pillow_image(path: Location, limit: int, store: StorageOptions) -> Image.Image:
     with storage.open_file(path, "rb", store) as handle, no_pixel_limit():
+        deep_files.check_png_depth(handle.read(26))
+        handle.seek(0)
         image = Image.open(handle)
         bands = len(image.getbands())
         depth = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
