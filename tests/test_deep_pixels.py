@@ -12,7 +12,7 @@ import tifffile
 from PIL import Image
 
 import tfshards
-from tfshards import OptionsError, PairError
+from tfshards import ManifestError, OptionsError, PairError
 
 SIZE = (32, 32)
 
@@ -459,6 +459,8 @@ def test_inspect_previews_three_bands_stretched(tmp_path):
     with pytest.raises(OptionsError, match=r"bands must be three channel indices in 0..12"):
         preview_bands(13, (3, 2, 13))
     assert write_preview(tmp_path / "out", tmp_path / "p.png", bands=(3, 2, 1)) == 3
+    with pytest.raises(ManifestError, match="no split 'tset' to preview; this dataset has"):
+        write_preview(tmp_path / "out", tmp_path / "p.png", split="tset")
     assert Image.open(tmp_path / "p.png").mode == "RGB"
     dim = np.full((4, 4, 2), 1000, np.uint16)
     dim[0, 0] = 3000  # 16-bit sensors fill a small part of the range: stretched to 0..255
