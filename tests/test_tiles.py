@@ -182,6 +182,32 @@ def test_a_tiff_image_with_a_png_mask_and_gray_tiff_images(tmp_path):
     _check_tiles_are_windows(tmp_path / "out", images, masks, 32, 0)
 
 
+def _converted_tiff(path: Path, mode: str) -> None:
+    rng = np.random.default_rng(0)
+    if mode == "min-is-white":
+        tifffile.imwrite(path, rng.integers(0, 255, (30, 40), np.uint8), photometric="miniswhite")
+        return
+    rgb = Image.fromarray(rng.integers(0, 255, (30, 40, 3), np.uint8))
+    (rgb.convert(mode, palette=Image.Palette.ADAPTIVE) if mode == "P" else rgb.convert(mode)).save(
+        path
+    )
+
+
+@pytest.mark.parametrize("mode", ["P", "CMYK", "1", "LA", "min-is-white"])
+def test_tiffs_pillow_converts_are_tiled_as_their_whole_records(tmp_path, mode):
+    """Palette, CMYK, bilevel, gray-and-alpha and min-is-white TIFFs: their stored samples
+    are not their pixels (palette indices were stored as gray, C, M, Y as R, G, B)."""
+    for folder in ("images", "masks"):
+        (tmp_path / folder).mkdir()
+    _converted_tiff(tmp_path / "images" / "000.tif", mode)
+    Image.fromarray(np.zeros((30, 40), np.uint8)).save(tmp_path / "masks" / "000.png")
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    tfshards.convert(images, masks, tmp_path / "whole", **RUN)
+    tfshards.convert(images, masks, tmp_path / "tiled", tile_size=64, **RUN)
+    whole, tiled = tfshards.Pairs(tmp_path / "whole")[0], tfshards.Pairs(tmp_path / "tiled")[0]
+    assert np.array_equal(whole[0], tiled[0]) and np.array_equal(whole[1], tiled[1])
+
+
 def test_an_image_smaller_than_the_tile_is_one_tile_or_fails_when_asked(tmp_path):
     images, masks = write_pairs(tmp_path / "data", 2, size=(20, 100))
     tfshards.convert(images, masks, tmp_path / "keep", tile_size=32, **RUN)

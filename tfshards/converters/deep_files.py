@@ -65,7 +65,7 @@ def array_of(data: bytes, path: Location) -> np.ndarray | None:
     if tifffile is None:
         return None  # Pillow reads what it can; validation refuses what it truncates
     with tifffile.TiffFile(io.BytesIO(data)) as tif:
-        if _pillow_reads(tif):
+        if pillow_reads(tif):
             return None
         series = tif.series[0]
         return tiff_bands_last(series.asarray(), series.axes)
@@ -92,7 +92,7 @@ def tiff_layout(handle) -> tuple[int, str] | None:
     if tifffile is None:
         return None
     with tifffile.TiffFile(handle) as tif:
-        if _pillow_reads(tif):
+        if pillow_reads(tif):
             return None
         series = tif.series[0]
         bands = _band_axis(series.shape, series.axes)
@@ -114,7 +114,7 @@ def _tifffile():
     return tifffile
 
 
-def _pillow_reads(tif) -> bool:
+def pillow_reads(tif) -> bool:
     page = tif.pages[0]
     return len(tif.pages) == 1 and page.bitspersample <= 8 and page.samplesperpixel <= 4
 

@@ -1,9 +1,10 @@
 """Read windows of one image file for tiling, with memory bounded whatever its size.
 
-- TIFF and BigTIFF, tiled or striped (chunky samples): read by ``tifffile`` one segment
-  (tile or strip) at a time: a window decodes only the segments it touches, and the
-  segments of the current row of tiles are kept until the next row starts below them,
-  so memory holds about one band of the image, never the image.
+- TIFF and BigTIFF, tiled or striped (chunky samples; :func:`_by_windows` says which):
+  read by ``tifffile`` one segment (tile or strip) at a time: a window decodes only the
+  segments it touches, and the segments of the current row of tiles are kept until the
+  next row starts below them, so memory holds about one band of the image, never the
+  image.
 - Everything else (PNG, JPEG, ..., TIFFs whose samples are stored as separate planes,
   and TIFFs where ``tifffile`` is not installed): decoded whole, once, by Pillow or
   ``tifffile``, after checking the decoded size against ``decode_limit``
@@ -55,8 +56,7 @@ def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool
     if _is_tiff(path) and _tifffile() is not None:
         with _opened_tiff(path, store) as tiff:
             page = tiff.pages.first
-            windowed = page.planarconfig == 1 or page.samplesperpixel == 1
-            return int(page.imagelength), int(page.imagewidth), windowed
+            return int(page.imagelength), int(page.imagewidth), _by_windows(tiff, page)
     with (
         storage.open_file(path, "rb", store) as handle,
         no_pixel_limit(),
@@ -78,13 +78,30 @@ def window_source(
             page = tiff.pages.first
             if len(tiff.series[0].pages) > 1:  # bands as pages: the series decoded whole
                 yield WholeArray(_tiff_series(tiff, limit))
-            elif page.planarconfig == 1 or page.samplesperpixel == 1:
+            elif _by_windows(tiff, page):
                 yield TiffWindows(tiff, page, _file_size(path, store), limit)
+            elif deep_files.pillow_reads(tiff):  # colours Pillow converts: as whole images
+                yield WholeImage(_pillow_image(path, limit, store))
             else:  # separate planes: decoded whole
                 pixels = _tiff_pixels(page, path, limit)
                 yield WholeArray(pixels) if isinstance(pixels, np.ndarray) else WholeImage(pixels)
         return
     yield WholeImage(_pillow_image(path, limit, store))
+
+
+def _by_windows(tiff: Any, page: Any) -> bool:
+    """Whether a TIFF is read by windows: its samples are chunky (or one), and they are the
+    pixels the whole-image path gives. A TIFF Pillow reads (8 bits, 1 to 4 samples) is
+    converted by Pillow when whole: its palette, CMYK, min-is-white, bilevel or gray and
+    alpha samples become other values or bands, so such a TIFF is decoded by Pillow here
+    too; only 8-bit gray, RGB and RGBA samples are the pixels as stored."""
+    if page.planarconfig != 1 and page.samplesperpixel != 1:
+        return False
+    if not deep_files.pillow_reads(tiff):
+        return True  # 16-bit or multi-band: stored samples in both paths (deep_files)
+    gray = page.photometric == 1 and page.samplesperpixel == 1  # MINISBLACK
+    colour = page.photometric == 2 and page.samplesperpixel in (3, 4)  # RGB, RGBA
+    return page.bitspersample == 8 and (gray or colour)
 
 
 def _npy_pixels(path: Location, limit: int, store: StorageOptions) -> np.ndarray:
