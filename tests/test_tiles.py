@@ -187,16 +187,21 @@ def _converted_tiff(path: Path, mode: str) -> None:
     if mode == "min-is-white":
         tifffile.imwrite(path, rng.integers(0, 255, (30, 40), np.uint8), photometric="miniswhite")
         return
+    if mode == "premultiplied":  # RGBA of associated alpha
+        rgba = rng.integers(0, 255, (30, 40, 4), np.uint8)
+        tifffile.imwrite(path, rgba, tile=(16, 16), extrasamples=["assocalpha"])
+        return
     rgb = Image.fromarray(rng.integers(0, 255, (30, 40, 3), np.uint8))
     (rgb.convert(mode, palette=Image.Palette.ADAPTIVE) if mode == "P" else rgb.convert(mode)).save(
         path
     )
 
 
-@pytest.mark.parametrize("mode", ["P", "CMYK", "1", "LA", "min-is-white"])
+@pytest.mark.parametrize("mode", ["P", "CMYK", "1", "LA", "min-is-white", "premultiplied"])
 def test_tiffs_pillow_converts_are_tiled_as_their_whole_records(tmp_path, mode):
-    """Palette, CMYK, bilevel, gray-and-alpha and min-is-white TIFFs: their stored samples
-    are not their pixels (palette indices were stored as gray, C, M, Y as R, G, B)."""
+    """Palette, CMYK, bilevel, gray-and-alpha, min-is-white and premultiplied RGBA TIFFs:
+    their stored samples are not their pixels (palette indices were stored as gray, C, M,
+    Y as R, G, B)."""
     for folder in ("images", "masks"):
         (tmp_path / folder).mkdir()
     _converted_tiff(tmp_path / "images" / "000.tif", mode)

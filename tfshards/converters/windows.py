@@ -92,15 +92,18 @@ def window_source(
 def _by_windows(tiff: Any, page: Any) -> bool:
     """Whether a TIFF is read by windows: its samples are chunky (or one), and they are the
     pixels the whole-image path gives. A TIFF Pillow reads (8 bits, 1 to 4 samples) is
-    converted by Pillow when whole: its palette, CMYK, min-is-white, bilevel or gray and
-    alpha samples become other values or bands, so such a TIFF is decoded by Pillow here
-    too; only 8-bit gray, RGB and RGBA samples are the pixels as stored."""
+    converted by Pillow when whole: its palette, CMYK, min-is-white, bilevel, gray and
+    alpha or premultiplied RGBA samples become other values or bands, so such a TIFF is
+    decoded by Pillow here too; only 8-bit gray, RGB and (unassociated) RGBA samples are
+    the pixels as stored."""
     if page.planarconfig != 1 and page.samplesperpixel != 1:
         return False
     if not deep_files.pillow_reads(tiff):
         return True  # 16-bit or multi-band: stored samples in both paths (deep_files)
     gray = page.photometric == 1 and page.samplesperpixel == 1  # MINISBLACK
-    colour = page.photometric == 2 and page.samplesperpixel in (3, 4)  # RGB, RGBA
+    # RGB, or RGBA of unassociated alpha (premultiplied samples are not the pixels)
+    alpha = tuple(page.extrasamples) == (2,)
+    colour = page.photometric == 2 and (page.samplesperpixel == 3 or alpha)
     return page.bitspersample == 8 and (gray or colour)
 
 
