@@ -471,6 +471,10 @@ def test_the_stitcher_refuses_what_does_not_fit(tmp_path):
         stitcher.finish()
     with pytest.raises(OptionsError, match="blend must be one of mean, gaussian"):
         tfshards.Stitcher(10, 10, classes=3, blend="max")
+    # the Window the error names is public: tiles cut by the user are stitched too
+    with pytest.raises(OptionsError, match=r"window must be a tfshards.Window\(row, column"):
+        stitcher.add((0, 0, 8, 8), np.zeros((8, 8), np.uint8))
+    stitcher.add(tfshards.Window(2, 2, 8, 8), np.zeros((8, 8), np.uint8))
 
 
 def test_a_stitcher_with_uncovered_pixels_writes_no_output_file(tmp_path):

@@ -78,7 +78,9 @@ class Stitcher:
         if self._sums is None:
             raise StitchError("this Stitcher has finished; make a new one")
         if not isinstance(window, Window):
-            raise OptionsError(f"window must be a tfshards Window; got {window!r}")
+            raise OptionsError(
+                f"window must be a tfshards.Window(row, column, height, width); got {window!r}"
+            )
         if window.bottom > self.height or window.right > self.width:
             raise StitchError(f"window {window} reaches past the {self.height}x{self.width} image")
         votes = self._as_scores(np.asarray(prediction), window)
