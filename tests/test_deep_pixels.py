@@ -430,6 +430,21 @@ def test_16bit_colour_pngs_are_refused_not_cut_to_8_bits(tmp_path, tile_size):
         _convert(tmp_path, tile_size=tile_size, mask_map={0: 0, 300: 1, 600: 2})
 
 
+@pytest.mark.parametrize("tile_size", [None, 16])
+def test_an_unreadable_first_image_is_skipped_and_the_next_sets_the_layout(tmp_path, tile_size):
+    """The first image decides channels and sample type; with on_error="skip" an unreadable
+    one aborted the whole conversion (a broken TIFF header also read 'IndexError')."""
+    _images(tmp_path, 3, 5, _npy)
+    _masks(tmp_path, 3)
+    (tmp_path / "images" / "000.npy").unlink()
+    (tmp_path / "images" / "000.tif").write_bytes(b"II*\x00" + b"\xff" * 50)
+    with pytest.raises(PairError, match=r"000\.tif: .*(no readable page|holds no image)"):
+        _convert(tmp_path, tile_size=tile_size)
+    manifest = _convert(tmp_path, "skipped", tile_size=tile_size, on_error="skip")
+    assert (manifest.image.channels, manifest.image.dtype) == (5, "uint16")
+    assert [skipped.key for skipped in manifest.skipped] == ["000"]
+
+
 # ---- verify, inspect, TFDS, buckets -------------------------------------------------------
 
 

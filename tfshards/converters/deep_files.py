@@ -115,6 +115,8 @@ def _tifffile():
 
 
 def pillow_reads(tif) -> bool:
+    if not len(tif.pages):  # tifffile found no page: its header's offset is broken
+        raise LayoutError("a TIFF whose header points to no readable page (corrupt)")
     page = tif.pages[0]
     return len(tif.pages) == 1 and page.bitspersample <= 8 and page.samplesperpixel <= 4
 
