@@ -370,6 +370,24 @@ def test_resume_finishes_an_interrupted_tiled_conversion_with_the_same_bytes(tmp
     assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
 
 
+def test_resume_after_raising_the_decode_limit_reuses_the_shards_written(tmp_path):
+    """The decode-limit error says to raise the limit; --resume then refused the change."""
+    images, masks = _tiff_pairs(tmp_path / "data", 6, tile=(16, 16))
+    settings = {"tile_size": 32, "num_shards": 3, "num_classes": 3, **RUN}
+    tfshards.convert(images, masks, tmp_path / "ref", **settings)
+    source = tile_position(tfshards.records(tmp_path / "ref", progress=False).keys[-1])[0]
+    tiff = images / f"{source}.tif"  # the last shard's image, as a PNG: decoded whole
+    Image.fromarray(tifffile.imread(tiff)).save(images / f"{source}.png")
+    tiff.unlink()
+    tfshards.convert(images, masks, tmp_path / "ref", overwrite=True, **settings)
+    with pytest.raises(PairError, match="over the decode limit of 20000 bytes"):
+        tfshards.convert(images, masks, tmp_path / "out", decode_limit=20000, **settings)
+    assert len(list((tmp_path / "out" / ".tfshards-work" / "done").iterdir())) == 2
+    resumed = tfshards.convert(images, masks, tmp_path / "out", resume=True, **settings)
+    assert resumed.splits == tfshards.Manifest.load(tmp_path / "ref").splits
+    assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
+
+
 def test_an_image_over_pillows_limit_is_tiled_without_tile_size_with_a_message(
     tmp_path, monkeypatch, caplog
 ):

@@ -352,7 +352,13 @@ def _scan_files(
     The fingerprint identifies the inputs (paths, sizes, versions: mtimes, ETags) and the
     options, to guard --resume; nothing per file is kept but one int64 per pair.
     """
-    digest = hashlib.sha256(json.dumps(options.to_json(), sort_keys=True).encode())
+    settings = options.to_json()
+    if options.on_error == "fail":
+        # The decode limit only lets a pair through or stops the conversion; it changes no
+        # byte of a shard that completed, so --resume after raising it (as its error
+        # says) reuses them. With on_error="skip" it decides which pairs were skipped.
+        del settings["decode_limit"]
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     sizes = np.zeros(len(pairs), np.int64)
     for index, pair in enumerate(pairs):
         if index % _SCAN_STEP == 0:
