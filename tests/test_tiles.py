@@ -17,7 +17,13 @@ from PIL import Image
 import tfshards
 from tfshards.cli import main
 from tfshards.converters import tiling
-from tfshards.errors import OptionsError, PairError, RecordTableError, StitchError
+from tfshards.errors import (
+    OptionsError,
+    OutputError,
+    PairError,
+    RecordTableError,
+    StitchError,
+)
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.tfrecord import parse_example
 from tfshards.schemas.tiles import Window, axis_starts, grid_windows, tile_key, tile_position
@@ -316,16 +322,23 @@ def test_a_truncated_tiff_is_refused_by_its_segment_table(tmp_path):
 def test_a_corrupt_segment_after_tiles_were_written_fails_the_shard_even_with_skip(tmp_path):
     images, masks = _tiff_pairs(tmp_path / "data", 1, size=(64, 64), tile=(16, 16),
                                 compression="zlib")  # fmt: skip
+    good = (images / "000.tif").read_bytes()
     with tifffile.TiffFile(images / "000.tif") as tiff:
         page = tiff.pages.first
         offset, count = page.dataoffsets[-1], page.databytecounts[-1]  # the bottom-right tile
-    data = bytearray((images / "000.tif").read_bytes())
+    data = bytearray(good)
     data[offset : offset + count] = b"\x00" * count
     (images / "000.tif").write_bytes(bytes(data))
     with pytest.raises(PairError, match=r"segment 15 does not decode .* 3 of its tiles were "
-                       r"written before, so it cannot be skipped"):  # fmt: skip
+                       r"written before, so it cannot be skipped: .* convert again with "
+                       r"--overwrite"):  # fmt: skip
         tfshards.convert(images, masks, tmp_path / "out", tile_size=32, on_error="skip", **RUN)
     _nothing_published(tmp_path / "out")
+    # as the error says: a fixed file is a changed input, which --resume refuses
+    (images / "000.tif").write_bytes(good)
+    with pytest.raises(OutputError, match="inputs or options changed"):
+        tfshards.convert(images, masks, tmp_path / "out", tile_size=32, resume=True, **RUN)
+    tfshards.convert(images, masks, tmp_path / "out", tile_size=32, overwrite=True, **RUN)
 
 
 def test_a_png_over_the_decode_limit_is_refused_before_decoding_naming_the_limit(tmp_path):
