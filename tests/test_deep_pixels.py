@@ -623,6 +623,13 @@ def test_a_keras_layer_on_uint16_images_gives_uint16(tmp_path):
     assert flipped.dtype == np.uint16 and flipped.shape == plain.shape
     for image, source in zip(flipped, plain, strict=True):  # flipped or not, never rescaled
         assert np.array_equal(image, source) or np.array_equal(image, source[:, ::-1])
+    # photometric layers assume value_range=(0, 255) unless told: they clipped every
+    # uint16 pixel to 255, silently
+    brighter = keras.Sequential([flip, keras.layers.RandomBrightness(0.1, seed=0)])
+    with pytest.raises(OptionsError, match=r"RandomBrightness has value_range=\(0, 255\)"):
+        tfshards.read(tmp_path / "out", image_dtype="uint16", augment=brighter)
+    told = keras.layers.RandomBrightness(0.1, value_range=(0, 65535), seed=0)
+    assert _read_all(tmp_path / "out", image_dtype="uint16", augment=told, seed=0).max() > 255
 
 
 def test_cli_converts_npy_bands_with_an_image_dtype(tmp_path):
