@@ -219,6 +219,24 @@ def test_tiffs_pillow_converts_are_tiled_as_their_whole_records(tmp_path, mode):
     assert np.array_equal(whole[0], tiled[0]) and np.array_equal(whole[1], tiled[1])
 
 
+def test_jpeg_tiffs_of_slide_scanners_stay_read_by_windows(tmp_path):
+    """RGB or YCbCr samples compressed as JPEG are decoded to RGB by tifffile (with
+    imagecodecs), as by Pillow: read by windows, not decoded whole within the limit."""
+    from tfshards.converters.windows import header
+
+    path = tmp_path / "slide.tif"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(path, compression="jpeg")
+    assert header(path) == (64, 64, True)  # photometric RGB
+    with tifffile.TiffFile(path) as tiff:
+        tag = tiff.pages.first.tags["PhotometricInterpretation"]
+        where, size = tag.valueoffset, tag.dtype  # the value, in the entry
+    data = bytearray(path.read_bytes())
+    assert size == 3 and data[where] == 2  # SHORT, little-endian: RGB
+    data[where] = 6  # YCbCr
+    path.write_bytes(bytes(data))
+    assert header(path) == (64, 64, True)
+
+
 def test_an_image_smaller_than_the_tile_is_one_tile_or_fails_when_asked(tmp_path):
     images, masks = write_pairs(tmp_path / "data", 2, size=(20, 100))
     tfshards.convert(images, masks, tmp_path / "keep", tile_size=32, **RUN)

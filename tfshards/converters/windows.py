@@ -101,9 +101,11 @@ def _by_windows(tiff: Any, page: Any) -> bool:
     if not deep_files.pillow_reads(tiff):
         return True  # 16-bit or multi-band: stored samples in both paths (deep_files)
     gray = page.photometric == 1 and page.samplesperpixel == 1  # MINISBLACK
-    # RGB, or RGBA of unassociated alpha (premultiplied samples are not the pixels)
+    # RGB, or RGBA of unassociated alpha (premultiplied samples are not the pixels);
+    # JPEG-compressed YCbCr (slide scanners') is decoded to RGB by tifffile, as by Pillow
+    rgb = page.photometric == 2 or (page.photometric == 6 and page.compression == 7)
     alpha = tuple(page.extrasamples) == (2,)
-    colour = page.photometric == 2 and (page.samplesperpixel == 3 or alpha)
+    colour = rgb and (page.samplesperpixel == 3 or alpha)
     return page.bitspersample == 8 and (gray or colour)
 
 
