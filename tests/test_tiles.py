@@ -219,6 +219,27 @@ def test_tiffs_pillow_converts_are_tiled_as_their_whole_records(tmp_path, mode):
     assert np.array_equal(whole[0], tiled[0]) and np.array_equal(whole[1], tiled[1])
 
 
+def test_a_palette_tiff_mask_is_read_by_windows_as_its_class_indices(tmp_path):
+    """A mask's palette indices are its classes (as Pillow reads them whole): read by
+    windows, not decoded whole within the decode limit as a palette image is."""
+    from tfshards.converters.windows import header
+
+    images, masks = _tiff_pairs(tmp_path / "data", 1, tile=(16, 16))
+    classes = tifffile.imread(masks / "000.tif")
+    palette = Image.fromarray(classes, "P")
+    palette.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0])
+    palette.save(masks / "000.tif", tiffinfo={322: 16, 323: 16})  # tiled, 16x16
+    assert header(masks / "000.tif", mask=True)[2] and not header(masks / "000.tif")[2]
+    tfshards.convert(images, masks, tmp_path / "whole", num_classes=3, **RUN)
+    tfshards.convert(images, masks, tmp_path / "tiled", num_classes=3, tile_size=32, **RUN)
+    tiles = tfshards.tiles(tmp_path / "tiled", source="000")
+    stitched = np.zeros_like(classes)
+    for tile in tiles:
+        stitched[tile.window.slices] = tile.mask
+    assert np.array_equal(stitched, classes)
+    assert np.array_equal(tfshards.Pairs(tmp_path / "whole")[0][1][:, :, 0], classes)
+
+
 def test_jpeg_tiffs_of_slide_scanners_stay_read_by_windows(tmp_path):
     """RGB or YCbCr samples compressed as JPEG are decoded to RGB by tifffile (with
     imagecodecs), as by Pillow: read by windows, not decoded whole within the limit."""

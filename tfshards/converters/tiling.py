@@ -170,7 +170,7 @@ class _opened:
         self, pair: Pair, path: Location, field: str, limit: int, store: StorageOptions
     ) -> None:
         self.stage = _stage(pair, path, field)
-        self.context = window_source(path, limit, store)
+        self.context = window_source(path, limit, store, mask=field == "mask")
 
     def __enter__(self):
         with self.stage:
@@ -212,7 +212,7 @@ def planned_bands(
     for index, pair in enumerate(pairs):
         try:
             height, width, windowed = header(pair.image, store)
-            windowed = windowed and header(pair.mask, store)[2]
+            windowed = windowed and header(pair.mask, store, mask=True)[2]
         except Exception:  # noqa: BLE001 - an unreadable file fails its pair when converted
             units.append(index), bands.append(WHOLE), sizes.append(tile * tile * 4)
             continue

@@ -51,12 +51,15 @@ class WindowSource(Protocol):
     def read(self, window: Window) -> Image.Image | np.ndarray: ...
 
 
-def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool]:
-    """(height, width, read by windows?) of an image from its header alone."""
+def header(
+    path: Location, store: StorageOptions = None, mask: bool = False
+) -> tuple[int, int, bool]:
+    """(height, width, read by windows?) of an image (or a ``mask``) from its header."""
     if _is_tiff(path) and _tifffile() is not None:
         with _opened_tiff(path, store) as tiff:
             page = tiff.pages.first
-            return int(page.imagelength), int(page.imagewidth), _by_windows(tiff, page)
+            windowed = _by_windows(tiff, page, mask)
+            return int(page.imagelength), int(page.imagewidth), windowed
     with (
         storage.open_file(path, "rb", store) as handle,
         no_pixel_limit(),
@@ -67,9 +70,9 @@ def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool
 
 @contextlib.contextmanager
 def window_source(
-    path: Location, limit: int, store: StorageOptions = None
+    path: Location, limit: int, store: StorageOptions = None, mask: bool = False
 ) -> Iterator[WindowSource]:
-    """A source of windows of the image at ``path`` (see the module docstring)."""
+    """A source of windows of the image (or ``mask``) at ``path`` (module docstring)."""
     if deep_files.is_npy(path):
         yield WholeArray(_npy_pixels(path, limit, store))
         return
@@ -78,7 +81,7 @@ def window_source(
             page = tiff.pages.first
             if len(tiff.series[0].pages) > 1:  # bands as pages: the series decoded whole
                 yield WholeArray(_tiff_series(tiff, limit))
-            elif _by_windows(tiff, page):
+            elif _by_windows(tiff, page, mask):
                 yield TiffWindows(tiff, page, _file_size(path, store), limit)
             elif deep_files.pillow_reads(tiff):  # colours Pillow converts: as whole images
                 yield WholeImage(_pillow_image(path, limit, store))
@@ -89,18 +92,18 @@ def window_source(
     yield WholeImage(_pillow_image(path, limit, store))
 
 
-def _by_windows(tiff: Any, page: Any) -> bool:
+def _by_windows(tiff: Any, page: Any, mask: bool) -> bool:
     """Whether a TIFF is read by windows: its samples are chunky (or one), and they are the
     pixels the whole-image path gives. A TIFF Pillow reads (8 bits, 1 to 4 samples) is
     converted by Pillow when whole: its palette, CMYK, min-is-white, bilevel, gray and
     alpha or premultiplied RGBA samples become other values or bands, so such a TIFF is
     decoded by Pillow here too; only 8-bit gray, RGB and (unassociated) RGBA samples are
-    the pixels as stored."""
+    the pixels as stored, and a mask's palette indices (its classes, as Pillow reads them)."""
     if page.planarconfig != 1 and page.samplesperpixel != 1:
         return False
     if not deep_files.pillow_reads(tiff):
         return True  # 16-bit or multi-band: stored samples in both paths (deep_files)
-    gray = page.photometric == 1 and page.samplesperpixel == 1  # MINISBLACK
+    gray = page.photometric in ((1, 3) if mask else (1,)) and page.samplesperpixel == 1
     # RGB, or RGBA of unassociated alpha (premultiplied samples are not the pixels);
     # JPEG-compressed YCbCr (slide scanners') is decoded to RGB by tifffile, as by Pillow
     rgb = page.photometric == 2 or (page.photometric == 6 and page.compression == 7)
@@ -135,7 +138,7 @@ def middle_window(path: Location, store: StorageOptions = None, size: int = 1024
     file, which would be decoded whole."""
     if not _is_tiff(path) or _tifffile() is None:
         raise WindowError("only TIFFs are sampled by windows")
-    with window_source(path, 2**28, store) as source:
+    with window_source(path, 2**28, store, mask=True) as source:
         if not isinstance(source, TiffWindows):
             raise WindowError("its samples are separate planes")
         height, width = min(size, source.height), min(size, source.width)
