@@ -226,6 +226,8 @@ def test_numpy_and_negative_pair_indices_still_work(dataset):
         ({"binary_masks": "yes"}, "binary_masks must be True or False"),
         ({"resize": (8, "8")}, r"resize must be \(height, width\)"),
         ({"mask_map": [(0, 0.5)]}, r"mask_map entries must be \(source, target\) integers"),
+        ({"mask_map": [5]}, r"mask_map entries must be \(source, target\) integers; got 5"),
+        ({"mask_map": "0:0,255:1"}, r"mask_map must be \(source, target\) pairs or a mapping"),
         ({"runner": "beam"}, "runner must be a function"),
         ({"storage_options": "profile=x"}, "storage_options must be a dict"),
     ],

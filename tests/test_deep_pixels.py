@@ -12,7 +12,7 @@ import tifffile
 from PIL import Image
 
 import tfshards
-from tfshards import OptionsError, PairError
+from tfshards import ManifestError, OptionsError, PairError
 
 SIZE = (32, 32)
 
@@ -225,6 +225,11 @@ def test_uint16_datasets_refuse_uint8_and_resizing_reads(tmp_path):
         tfshards.read(out, image_size=(16, 16))
     with pytest.raises(OptionsError, match="image_dtype must be one of"):
         tfshards.read(out, image_dtype="int16")
+    for dtype in ("uint16", "uint8"):  # normalize's float32 was given instead, silently
+        with pytest.raises(
+            OptionsError, match=f"normalize=True gives float32 images; image_dtype='{dtype}'"
+        ):
+            tfshards.read(out, image_dtype=dtype, normalize=True, batch_size=1)
 
 
 def test_the_disk_and_memory_caches_keep_uint16(tmp_path):
@@ -380,6 +385,66 @@ def test_16bit_masks_beyond_the_classes_are_refused(tmp_path, suffix):
         _convert(tmp_path / "again", encoding="raw")
 
 
+def test_16bit_mask_values_are_remapped_by_a_mask_map_given_as_a_dict(tmp_path):
+    mask = (np.arange(32 * 32).reshape(SIZE) % 2 * 1000).astype(np.uint16)  # 0 and 1000
+    _mask_case(tmp_path, mask, ".tif")
+    _convert(tmp_path, encoding="raw", num_classes=2, mask_map={0: 0, 1000: 1})
+    ((_, found),) = _pairs_by_key(tmp_path / "out").values()
+    assert np.array_equal(found[:, :, 0], mask // 1000)
+
+
+def _colour_png16(path: Path, samples: np.ndarray) -> None:
+    """A PNG of 16-bit RGB ([H, W, 3]) or RGBA samples, which Pillow does not write."""
+    import struct
+    import zlib
+
+    height, width, bands = samples.shape
+    rows = b"".join(b"\x00" + row.astype(">u2").tobytes() for row in samples)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 16, {3: 2, 4: 6}[bands], 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+
+
+@pytest.mark.parametrize("tile_size", [None, 16])
+def test_16bit_colour_pngs_are_refused_not_cut_to_8_bits(tmp_path, tile_size):
+    """Pillow reads them as 8 bits: images lost their low bits, masks' classes 300 and 600
+    became 1 and 2, silently."""
+    rng = np.random.default_rng(0)
+    for folder in ("images", "masks"):
+        (tmp_path / folder).mkdir()
+    _colour_png16(tmp_path / "images" / "000.png", rng.integers(0, 2**16, (*SIZE, 3), np.uint16))
+    Image.fromarray(np.zeros(SIZE, np.uint8)).save(tmp_path / "masks" / "000.png")
+    with pytest.raises(PairError, match=r"000\.png: a 16-bit RGB PNG, which Pillow reads as 8"):
+        _convert(tmp_path, tile_size=tile_size)
+    (tmp_path / "images" / "000.png").unlink()
+    Image.fromarray(np.zeros((*SIZE, 3), np.uint8)).save(tmp_path / "images" / "000.png")
+    labels = np.repeat((np.arange(32 * 32).reshape(*SIZE, 1) % 3 * 300).astype(np.uint16), 4, 2)
+    _colour_png16(tmp_path / "masks" / "000.png", labels)
+    with pytest.raises(PairError, match=r"mask file .*000\.png: a 16-bit RGBA PNG"):
+        _convert(tmp_path, tile_size=tile_size, mask_map={0: 0, 300: 1, 600: 2})
+
+
+@pytest.mark.parametrize("tile_size", [None, 16])
+def test_an_unreadable_first_image_is_skipped_and_the_next_sets_the_layout(tmp_path, tile_size):
+    """The first image decides channels and sample type; with on_error="skip" an unreadable
+    one aborted the whole conversion (a broken TIFF header also read 'IndexError')."""
+    _images(tmp_path, 3, 5, _npy)
+    _masks(tmp_path, 3)
+    (tmp_path / "images" / "000.npy").unlink()
+    (tmp_path / "images" / "000.tif").write_bytes(b"II*\x00" + b"\xff" * 50)
+    with pytest.raises(PairError, match=r"000\.tif: .*(no readable page|holds no image)"):
+        _convert(tmp_path, tile_size=tile_size)
+    manifest = _convert(tmp_path, "skipped", tile_size=tile_size, on_error="skip")
+    assert (manifest.image.channels, manifest.image.dtype) == (5, "uint16")
+    assert [skipped.key for skipped in manifest.skipped] == ["000"]
+
+
 # ---- verify, inspect, TFDS, buckets -------------------------------------------------------
 
 
@@ -409,6 +474,8 @@ def test_inspect_previews_three_bands_stretched(tmp_path):
     with pytest.raises(OptionsError, match=r"bands must be three channel indices in 0..12"):
         preview_bands(13, (3, 2, 13))
     assert write_preview(tmp_path / "out", tmp_path / "p.png", bands=(3, 2, 1)) == 3
+    with pytest.raises(ManifestError, match="no split 'tset' to preview; this dataset has"):
+        write_preview(tmp_path / "out", tmp_path / "p.png", split="tset")
     assert Image.open(tmp_path / "p.png").mode == "RGB"
     dim = np.full((4, 4, 2), 1000, np.uint16)
     dim[0, 0] = 3000  # 16-bit sensors fill a small part of the range: stretched to 0..255
@@ -556,6 +623,13 @@ def test_a_keras_layer_on_uint16_images_gives_uint16(tmp_path):
     assert flipped.dtype == np.uint16 and flipped.shape == plain.shape
     for image, source in zip(flipped, plain, strict=True):  # flipped or not, never rescaled
         assert np.array_equal(image, source) or np.array_equal(image, source[:, ::-1])
+    # photometric layers assume value_range=(0, 255) unless told: they clipped every
+    # uint16 pixel to 255, silently
+    brighter = keras.Sequential([flip, keras.layers.RandomBrightness(0.1, seed=0)])
+    with pytest.raises(OptionsError, match=r"RandomBrightness has value_range=\(0, 255\)"):
+        tfshards.read(tmp_path / "out", image_dtype="uint16", augment=brighter)
+    told = keras.layers.RandomBrightness(0.1, value_range=(0, 65535), seed=0)
+    assert _read_all(tmp_path / "out", image_dtype="uint16", augment=told, seed=0).max() > 255
 
 
 def test_cli_converts_npy_bands_with_an_image_dtype(tmp_path):

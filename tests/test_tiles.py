@@ -17,7 +17,13 @@ from PIL import Image
 import tfshards
 from tfshards.cli import main
 from tfshards.converters import tiling
-from tfshards.errors import OptionsError, PairError, RecordTableError, StitchError
+from tfshards.errors import (
+    OptionsError,
+    OutputError,
+    PairError,
+    RecordTableError,
+    StitchError,
+)
 from tfshards.schemas.record import decode_record
 from tfshards.schemas.tfrecord import parse_example
 from tfshards.schemas.tiles import Window, axis_starts, grid_windows, tile_key, tile_position
@@ -182,6 +188,76 @@ def test_a_tiff_image_with_a_png_mask_and_gray_tiff_images(tmp_path):
     _check_tiles_are_windows(tmp_path / "out", images, masks, 32, 0)
 
 
+def _converted_tiff(path: Path, mode: str) -> None:
+    rng = np.random.default_rng(0)
+    if mode == "min-is-white":
+        tifffile.imwrite(path, rng.integers(0, 255, (30, 40), np.uint8), photometric="miniswhite")
+        return
+    if mode == "premultiplied":  # RGBA of associated alpha
+        rgba = rng.integers(0, 255, (30, 40, 4), np.uint8)
+        tifffile.imwrite(path, rgba, tile=(16, 16), extrasamples=["assocalpha"])
+        return
+    rgb = Image.fromarray(rng.integers(0, 255, (30, 40, 3), np.uint8))
+    (rgb.convert(mode, palette=Image.Palette.ADAPTIVE) if mode == "P" else rgb.convert(mode)).save(
+        path
+    )
+
+
+@pytest.mark.parametrize("mode", ["P", "CMYK", "1", "LA", "min-is-white", "premultiplied"])
+def test_tiffs_pillow_converts_are_tiled_as_their_whole_records(tmp_path, mode):
+    """Palette, CMYK, bilevel, gray-and-alpha, min-is-white and premultiplied RGBA TIFFs:
+    their stored samples are not their pixels (palette indices were stored as gray, C, M,
+    Y as R, G, B)."""
+    for folder in ("images", "masks"):
+        (tmp_path / folder).mkdir()
+    _converted_tiff(tmp_path / "images" / "000.tif", mode)
+    Image.fromarray(np.zeros((30, 40), np.uint8)).save(tmp_path / "masks" / "000.png")
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    tfshards.convert(images, masks, tmp_path / "whole", **RUN)
+    tfshards.convert(images, masks, tmp_path / "tiled", tile_size=64, **RUN)
+    whole, tiled = tfshards.Pairs(tmp_path / "whole")[0], tfshards.Pairs(tmp_path / "tiled")[0]
+    assert np.array_equal(whole[0], tiled[0]) and np.array_equal(whole[1], tiled[1])
+
+
+def test_a_palette_tiff_mask_is_read_by_windows_as_its_class_indices(tmp_path):
+    """A mask's palette indices are its classes (as Pillow reads them whole): read by
+    windows, not decoded whole within the decode limit as a palette image is."""
+    from tfshards.converters.windows import header
+
+    images, masks = _tiff_pairs(tmp_path / "data", 1, tile=(16, 16))
+    classes = tifffile.imread(masks / "000.tif")
+    palette = Image.fromarray(classes, "P")
+    palette.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0])
+    palette.save(masks / "000.tif", tiffinfo={322: 16, 323: 16})  # tiled, 16x16
+    assert header(masks / "000.tif", mask=True)[2] and not header(masks / "000.tif")[2]
+    tfshards.convert(images, masks, tmp_path / "whole", num_classes=3, **RUN)
+    tfshards.convert(images, masks, tmp_path / "tiled", num_classes=3, tile_size=32, **RUN)
+    tiles = tfshards.tiles(tmp_path / "tiled", source="000")
+    stitched = np.zeros_like(classes)
+    for tile in tiles:
+        stitched[tile.window.slices] = tile.mask
+    assert np.array_equal(stitched, classes)
+    assert np.array_equal(tfshards.Pairs(tmp_path / "whole")[0][1][:, :, 0], classes)
+
+
+def test_jpeg_tiffs_of_slide_scanners_stay_read_by_windows(tmp_path):
+    """RGB or YCbCr samples compressed as JPEG are decoded to RGB by tifffile (with
+    imagecodecs), as by Pillow: read by windows, not decoded whole within the limit."""
+    from tfshards.converters.windows import header
+
+    path = tmp_path / "slide.tif"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(path, compression="jpeg")
+    assert header(path) == (64, 64, True)  # photometric RGB
+    with tifffile.TiffFile(path) as tiff:
+        tag = tiff.pages.first.tags["PhotometricInterpretation"]
+        where, size = tag.valueoffset, tag.dtype  # the value, in the entry
+    data = bytearray(path.read_bytes())
+    assert size == 3 and data[where] == 2  # SHORT, little-endian: RGB
+    data[where] = 6  # YCbCr
+    path.write_bytes(bytes(data))
+    assert header(path) == (64, 64, True)
+
+
 def test_an_image_smaller_than_the_tile_is_one_tile_or_fails_when_asked(tmp_path):
     images, masks = write_pairs(tmp_path / "data", 2, size=(20, 100))
     tfshards.convert(images, masks, tmp_path / "keep", tile_size=32, **RUN)
@@ -285,22 +361,29 @@ def test_a_truncated_tiff_is_refused_by_its_segment_table(tmp_path):
 def test_a_corrupt_segment_after_tiles_were_written_fails_the_shard_even_with_skip(tmp_path):
     images, masks = _tiff_pairs(tmp_path / "data", 1, size=(64, 64), tile=(16, 16),
                                 compression="zlib")  # fmt: skip
+    good = (images / "000.tif").read_bytes()
     with tifffile.TiffFile(images / "000.tif") as tiff:
         page = tiff.pages.first
         offset, count = page.dataoffsets[-1], page.databytecounts[-1]  # the bottom-right tile
-    data = bytearray((images / "000.tif").read_bytes())
+    data = bytearray(good)
     data[offset : offset + count] = b"\x00" * count
     (images / "000.tif").write_bytes(bytes(data))
     with pytest.raises(PairError, match=r"segment 15 does not decode .* 3 of its tiles were "
-                       r"written before, so it cannot be skipped"):  # fmt: skip
+                       r"written before, so it cannot be skipped: .* convert again with "
+                       r"--overwrite"):  # fmt: skip
         tfshards.convert(images, masks, tmp_path / "out", tile_size=32, on_error="skip", **RUN)
     _nothing_published(tmp_path / "out")
+    # as the error says: a fixed file is a changed input, which --resume refuses
+    (images / "000.tif").write_bytes(good)
+    with pytest.raises(OutputError, match="inputs or options changed"):
+        tfshards.convert(images, masks, tmp_path / "out", tile_size=32, resume=True, **RUN)
+    tfshards.convert(images, masks, tmp_path / "out", tile_size=32, overwrite=True, **RUN)
 
 
 def test_a_png_over_the_decode_limit_is_refused_before_decoding_naming_the_limit(tmp_path):
     images, masks = write_pairs(tmp_path / "data", 2, size=(70, 100))
-    with pytest.raises(PairError, match=r"000\.png: 70x100 \(HxW\) decoded at once takes 0\.00 "
-                       r"GiB, over the decode limit of 0\.00 GiB \(--decode-limit"):  # fmt: skip
+    limit = r"takes 21000 bytes, over the decode limit of 20000 bytes \(--decode-limit"
+    with pytest.raises(PairError, match=r"000\.png: 70x100 \(HxW\) decoded at once " + limit):
         tfshards.convert(images, masks, tmp_path / "out", tile_size=32, decode_limit=20000,
                          **RUN)  # fmt: skip
     # the same pixels as a tiled TIFF are read by windows, within any limit
@@ -336,6 +419,24 @@ def test_resume_finishes_an_interrupted_tiled_conversion_with_the_same_bytes(tmp
     resumed = tfshards.convert(images, masks, tmp_path / "out", resume=True, **settings)
     reference = tfshards.convert(images, masks, tmp_path / "ref", overwrite=True, **settings)
     assert resumed.splits == reference.splits
+    assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
+
+
+def test_resume_after_raising_the_decode_limit_reuses_the_shards_written(tmp_path):
+    """The decode-limit error says to raise the limit; --resume then refused the change."""
+    images, masks = _tiff_pairs(tmp_path / "data", 6, tile=(16, 16))
+    settings = {"tile_size": 32, "num_shards": 3, "num_classes": 3, **RUN}
+    tfshards.convert(images, masks, tmp_path / "ref", **settings)
+    source = tile_position(tfshards.records(tmp_path / "ref", progress=False).keys[-1])[0]
+    tiff = images / f"{source}.tif"  # the last shard's image, as a PNG: decoded whole
+    Image.fromarray(tifffile.imread(tiff)).save(images / f"{source}.png")
+    tiff.unlink()
+    tfshards.convert(images, masks, tmp_path / "ref", overwrite=True, **settings)
+    with pytest.raises(PairError, match="over the decode limit of 20000 bytes"):
+        tfshards.convert(images, masks, tmp_path / "out", decode_limit=20000, **settings)
+    assert len(list((tmp_path / "out" / ".tfshards-work" / "done").iterdir())) == 2
+    resumed = tfshards.convert(images, masks, tmp_path / "out", resume=True, **settings)
+    assert resumed.splits == tfshards.Manifest.load(tmp_path / "ref").splits
     assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
 
 
@@ -385,6 +486,9 @@ def test_tiles_lists_one_sources_tiles_in_grid_order_with_their_windows(tiled):
         assert np.array_equal(tile.mask, mask[window.slices])
     with pytest.raises(RecordTableError, match="no record of source '03'"):
         tfshards.tiles(out, "train", source="03")
+    # a tile's own key is not a source: it listed one tile at (0, 0) of a 32x32 "source"
+    with pytest.raises(RecordTableError, match="'003@r24_c0' is the key of one tile of '003'"):
+        tfshards.tiles(out, "train", source="003@r24_c0")
 
 
 @pytest.mark.parametrize("blend", ["mean", "gaussian"])
@@ -437,6 +541,44 @@ def test_the_stitcher_refuses_what_does_not_fit(tmp_path):
         stitcher.finish()
     with pytest.raises(OptionsError, match="blend must be one of mean, gaussian"):
         tfshards.Stitcher(10, 10, classes=3, blend="max")
+    # the Window the error names is public: tiles cut by the user are stitched too
+    with pytest.raises(OptionsError, match=r"window must be a tfshards.Window\(row, column"):
+        stitcher.add((0, 0, 8, 8), np.zeros((8, 8), np.uint8))
+    stitcher.add(tfshards.Window(2, 2, 8, 8), np.zeros((8, 8), np.uint8))
+
+
+def test_a_stitcher_with_uncovered_pixels_writes_no_output_file(tmp_path):
+    target = tmp_path / "pred.npy"
+    stitcher = tfshards.Stitcher(300, 4, classes=2, out=target)
+    stitcher.add(Window(0, 0, 299, 4), np.zeros((299, 4), np.uint8))
+    with pytest.raises(StitchError, match="row 299 has pixels no tile covered"):
+        stitcher.finish()
+    assert not target.exists()  # a partial result would load as a complete one
+    stitcher.add(Window(299, 0, 1, 4), np.ones((1, 4), np.uint8))
+    assert np.array_equal(stitcher.finish()[298:], [[0] * 4, [1] * 4])
+
+
+def test_the_stitcher_refuses_an_out_it_cannot_write_before_any_tile(tmp_path):
+    with pytest.raises(OptionsError, match=r"the folder .*missing does not exist"):
+        tfshards.Stitcher(4, 4, classes=2, out=tmp_path / "missing" / "pred.npy")
+    with pytest.raises(OptionsError, match="out must be a .npy file to write, got the folder"):
+        tfshards.Stitcher(4, 4, classes=2, out=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "scores, match",
+    [
+        (np.full((4, 4, 2), np.nan, np.float32), "hold 32 NaN or infinite values"),
+        (np.full((4, 4, 2), np.inf, np.float32), "hold 32 NaN or infinite values"),
+        (np.full((4, 4, 2), "a"), "scores of dtype <U1: expected real numbers"),
+        (np.ones((4, 4, 2), np.complex64), "scores of dtype complex64"),
+    ],
+)
+def test_the_stitcher_refuses_scores_that_are_not_finite_real_numbers(scores, match):
+    stitcher = tfshards.Stitcher(4, 4, classes=2, output="scores")
+    with pytest.raises(StitchError, match=match):
+        stitcher.add(Window(0, 0, 4, 4), scores)
+    assert stitcher.tiles == 0
 
 
 def test_the_table_covers_tiles_so_sampling_by_class_picks_tiles_holding_it(tmp_path):
@@ -529,6 +671,30 @@ def test_tiles_of_an_untiled_image_is_its_one_record(tmp_path):
     tiles = tfshards.tiles(tmp_path / "out", source="001")
     assert tiles.windows == [Window(0, 0, 24, 32)] and tiles[0].key == "001"
     assert np.array_equal(tiles[0].mask, _source(masks, "001"))
+
+
+def test_sources_named_like_tiles_are_told_from_tiles(tmp_path):
+    rng = np.random.default_rng(0)
+    for folder in ("images", "masks"):
+        (tmp_path / folder).mkdir()
+    for name in ("x", "x@r0_c0", "y@r4_c4"):  # "x"'s first tile is keyed "x@r0_c0" too
+        Image.fromarray(rng.integers(0, 255, (20, 24), np.uint8)).save(
+            tmp_path / "images" / f"{name}.png"
+        )
+        Image.fromarray(rng.integers(0, 2, (20, 24), np.uint8)).save(
+            tmp_path / "masks" / f"{name}.png"
+        )
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    tfshards.convert(images, masks, tmp_path / "whole", val_fraction=0, **RUN)
+    assert tfshards.tiles(tmp_path / "whole", source="y@r4_c4").windows == [Window(0, 0, 20, 24)]
+    tfshards.convert(images, masks, tmp_path / "tiled", tile_size=16, val_fraction=0, **RUN)
+    expected = grid_windows(20, 24, 16, 0)
+    for source in ("x", "x@r0_c0", "y@r4_c4"):
+        tiles = tfshards.tiles(tmp_path / "tiled", source=source)
+        assert tiles.windows == expected, source
+        assert [tile.key for tile in tiles] == [tile_key(source, w) for w in expected]
+    with pytest.raises(RecordTableError, match="'y@r4_c4@r4_c8' is the key of one tile of"):
+        tfshards.tiles(tmp_path / "tiled", source="y@r4_c4@r4_c8")
 
 
 def test_tiffs_in_a_bucket_are_read_by_windows_into_the_same_shards(tmp_path, s3_bucket):

@@ -74,6 +74,10 @@ def __getattr__(name: str):
         from tfshards.sources.stitch import Stitcher
 
         return Stitcher
+    if name == "Window":  # what Stitcher.add takes, for tiles cut by the user
+        from tfshards.schemas.tiles import Window
+
+        return Window
     if name == "records":  # the function; tfshards.sources.records is a module
         from tfshards.sources.record_tables import records
 
@@ -105,6 +109,7 @@ __all__ = [
     "Stitcher",
     "TfshardsError",
     "VerifyReport",
+    "Window",
     "class_weights",
     "clear_caches",
     "convert",

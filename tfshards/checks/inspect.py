@@ -172,6 +172,11 @@ def write_preview(
     manifest = Manifest.load(path, storage_options)
     bands = preview_bands(manifest.image.channels, bands)
     split = split or next(iter(manifest.splits))
+    if split not in manifest.splits:  # else a KeyError from the dict
+        raise ManifestError(
+            f"{storage.display(path)}: no split {split!r} to preview; this dataset has "
+            f"{', '.join(manifest.splits)}"
+        )
     shards = manifest.splits[split].shards
     rng = random.Random(seed)
     wanted = set(

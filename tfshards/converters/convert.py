@@ -39,7 +39,7 @@ from tfshards.converters.shard_job import (
 from tfshards.converters.tiling import AUTO_TILE, planned_bands
 from tfshards.converters.validation import image_layout
 from tfshards.converters.windows import no_pixel_limit
-from tfshards.errors import OptionsError, OutputError, PairingError
+from tfshards.errors import OptionsError, OutputError, PairError, PairingError
 from tfshards.schemas.format import image_encoding, itemsize, record_table_name
 from tfshards.schemas.manifest import (
     CompressionInfo,
@@ -213,7 +213,7 @@ def _plan(
     masks_where = storage.display(masks if masks is not None else images)
     check_mask_values(sample_mask_values(pairs, storage_options=store), options, where=masks_where)
     with no_pixel_limit():  # a first image too large for Pillow's limit is tiled, not refused
-        options = _with_image_layout(options, pairs[0], store)
+        options = _with_image_layout(options, pairs, store)
     channels = options.channels
     progress.checking(len(pairs))
     stat_of = _input_stats((images, masks if masks is not None else images), store)
@@ -352,7 +352,13 @@ def _scan_files(
     The fingerprint identifies the inputs (paths, sizes, versions: mtimes, ETags) and the
     options, to guard --resume; nothing per file is kept but one int64 per pair.
     """
-    digest = hashlib.sha256(json.dumps(options.to_json(), sort_keys=True).encode())
+    settings = options.to_json()
+    if options.on_error == "fail":
+        # The decode limit only lets a pair through or stops the conversion; it changes no
+        # byte of a shard that completed, so --resume after raising it (as its error
+        # says) reuses them. With on_error="skip" it decides which pairs were skipped.
+        del settings["decode_limit"]
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     sizes = np.zeros(len(pairs), np.int64)
     for index, pair in enumerate(pairs):
         if index % _SCAN_STEP == 0:
@@ -372,12 +378,15 @@ def _scan_files(
     return digest.hexdigest(), sizes
 
 
-def _with_image_layout(options: ConvertOptions, first: Pair, store: StorageOptions):
-    """Options resolved, with the channels and dtype 'auto' takes from the first image;
-    an encoding that cannot store those is refused, naming the image."""
+def _with_image_layout(options: ConvertOptions, pairs: PairTable, store: StorageOptions):
+    """Options resolved, with the channels and dtype 'auto' takes from the first image
+    (with ``on_error="skip"``, the first readable one: an unreadable first image is
+    skipped as any other); an encoding that cannot store those is refused, naming the
+    image."""
     channels, dtype = options.channels, options.image_dtype
+    first = pairs[0]
     if channels is None or dtype is None:
-        found = image_layout(first, store)
+        first, found = _first_layout(pairs, options.on_error == "skip", store)
         channels, dtype = channels or found[0], dtype or found[1]
     reason = image_encoding(options.encoding).refuses(channels, dtype)
     if reason is not None:
@@ -386,6 +395,20 @@ def _with_image_layout(options: ConvertOptions, first: Pair, store: StorageOptio
         return options.resolved(channels, dtype)
     except OptionsError as exc:  # e.g. 65 bands: named with the image they came from
         raise OptionsError(f"{storage.display(first.image)}: {exc}") from None
+
+
+def _first_layout(
+    pairs: PairTable, skip: bool, store: StorageOptions
+) -> tuple[Pair, tuple[int, str]]:
+    """(pair, its image's layout) of the first pair whose image reads (only the first
+    unless ``skip``); the first pair's PairError when none does."""
+    failed = None
+    for pair in pairs if skip else [pairs[0]]:
+        try:
+            return pair, image_layout(pair, store)
+        except PairError as exc:
+            failed = failed or exc
+    raise failed
 
 
 def _estimated_pair_bytes(

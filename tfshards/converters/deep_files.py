@@ -15,8 +15,8 @@ The rules, documented once here (and in docs/large-images.md):
   is refused. Any other TIFF (8-bit, one page, 1 to 4 samples) is read by Pillow, as
   every other format.
 - Images are uint8 or uint16; other sample types (int16, float, ...) are refused
-  (``validation.py``). A file that breaks these rules raises ValueError, which
-  validation turns into a PairError naming the file.
+  (``validation.py``). A file that breaks these rules raises LayoutError, which
+  validation turns into a PairError naming the file and the rule.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ from tfshards import storage
 from tfshards.storage import Location
 
 TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic TIFF and BigTIFF
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_PNG_COLOUR_TYPES = {2: "RGB", 4: "gray and alpha", 6: "RGBA"}  # Pillow reads 16 bits as 8
 _SPATIAL = frozenset("YX")
+
+
+class LayoutError(ValueError):
+    """A file that breaks the rules above; the caller names the file (PairError)."""
 
 
 def is_npy(path: Location) -> bool:
@@ -44,10 +50,11 @@ def array_of(data: bytes, path: Location) -> np.ndarray | None:
     """The pixels of a ``.npy`` file (as stored: :func:`bands_last` places its bands) or of
     a TIFF that needs tifffile (bands last: [H, W] or [H, W, C]); None when Pillow reads
     the file."""
+    check_png_depth(data[:26])
     if is_npy(path):
         array = np.load(io.BytesIO(data), allow_pickle=False)
         if array.ndim not in (2, 3) or 0 in array.shape:
-            raise ValueError(
+            raise LayoutError(
                 f"a {array.ndim}-D array of shape {array.shape}; images are 2-D or 3-D "
                 "arrays of at least one pixel and one band"
             )
@@ -58,10 +65,24 @@ def array_of(data: bytes, path: Location) -> np.ndarray | None:
     if tifffile is None:
         return None  # Pillow reads what it can; validation refuses what it truncates
     with tifffile.TiffFile(io.BytesIO(data)) as tif:
-        if _pillow_reads(tif):
+        if pillow_reads(tif):
             return None
         series = tif.series[0]
         return tiff_bands_last(series.asarray(), series.axes)
+
+
+def check_png_depth(head: bytes) -> None:
+    """LayoutError for a PNG of 16-bit colour samples (its header's first 26 bytes): Pillow
+    reads them as 8 bits, silently, and a 16-bit image is never cut to 8 bits (a mask's
+    class 300 would become 1). 16-bit grayscale PNGs are read whole."""
+    if head[:8] != PNG_MAGIC or head[12:16] != b"IHDR" or len(head) < 26:
+        return
+    depth, colour = head[24], head[25]
+    if depth == 16 and colour in _PNG_COLOUR_TYPES:
+        raise LayoutError(
+            f"a 16-bit {_PNG_COLOUR_TYPES[colour]} PNG, which Pillow reads as 8 bits per "
+            "sample; tfshards never cuts 16-bit pixels: save it as a TIFF (tifffile) or .npy"
+        )
 
 
 def tiff_layout(handle) -> tuple[int, str] | None:
@@ -71,7 +92,7 @@ def tiff_layout(handle) -> tuple[int, str] | None:
     if tifffile is None:
         return None
     with tifffile.TiffFile(handle) as tif:
-        if _pillow_reads(tif):
+        if pillow_reads(tif):
             return None
         series = tif.series[0]
         bands = _band_axis(series.shape, series.axes)
@@ -93,7 +114,9 @@ def _tifffile():
     return tifffile
 
 
-def _pillow_reads(tif) -> bool:
+def pillow_reads(tif) -> bool:
+    if not len(tif.pages):  # tifffile found no page: its header's offset is broken
+        raise LayoutError("a TIFF whose header points to no readable page (corrupt)")
     page = tif.pages[0]
     return len(tif.pages) == 1 and page.bitspersample <= 8 and page.samplesperpixel <= 4
 
@@ -102,7 +125,7 @@ def _band_axis(shape: tuple[int, ...], axes: str) -> int | None:
     """The index of the one non-spatial axis longer than 1, None when there is none."""
     others = [i for i, axis in enumerate(axes) if axis not in _SPATIAL and shape[i] > 1]
     if len(others) > 1:
-        raise ValueError(
+        raise LayoutError(
             f"TIFF series of axes {axes!r} and shape {tuple(shape)} has {len(others)} axes "
             "besides Y and X; tfshards takes one band axis (write one band axis, or one "
             "file per image)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -160,11 +161,8 @@ class ConvertOptions:
                 raise OptionsError(f"{name} must be a number in [0, 1); got {value!r}")
         if self.resize is not None:
             object.__setattr__(self, "resize", checked_size("resize", self.resize))
-        for entry in self.mask_map or ():
-            if len(entry) != 2 or not all(map(is_int, entry)):
-                raise OptionsError(
-                    f"mask_map entries must be (source, target) integers; got {entry!r}"
-                )
+        if self.mask_map is not None:
+            object.__setattr__(self, "mask_map", _checked_mask_map(self.mask_map))
 
     def _check_masks(self) -> None:
         if self.num_classes is not None and not 1 <= self.num_classes <= 256:
@@ -234,6 +232,20 @@ def parse_size(text: str) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise OptionsError(f"size {text!r} not understood; use e.g. 128MiB, 500MB, 1GiB")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _checked_mask_map(value: Any) -> tuple[tuple[int, int], ...]:
+    """``mask_map`` as (source, target) pairs: a mapping ``{255: 1}`` is taken as its
+    items (it iterated as its keys, failing in Python's words)."""
+    entries = list(value.items()) if isinstance(value, Mapping) else value
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise OptionsError(f"mask_map must be (source, target) pairs or a mapping; got {value!r}")
+    pairs = []
+    for entry in entries:
+        if not isinstance(entry, Sequence) or len(entry) != 2 or not all(map(is_int, entry)):
+            raise OptionsError(f"mask_map entries must be (source, target) integers; got {entry!r}")
+        pairs.append((entry[0], entry[1]))
+    return tuple(pairs)
 
 
 def parse_mask_map(text: str) -> tuple[tuple[int, int], ...]:

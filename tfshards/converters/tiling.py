@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from tfshards import storage
+from tfshards.converters.deep_files import LayoutError
 from tfshards.converters.options import ConvertOptions
 from tfshards.converters.pair_table import PairTable
 from tfshards.converters.pairing import Pair
@@ -157,7 +158,8 @@ class _stage:
             or not isinstance(exc, Exception)
         ):
             return False
-        reason = str(exc) if isinstance(exc, WindowError) else f"{type(exc).__name__}: {exc}"
+        plain = isinstance(exc, WindowError | LayoutError)
+        reason = str(exc) if plain else f"{type(exc).__name__}: {exc}"
         raise PairError(self.pair.key, str(self.path), self.field, reason) from exc
 
 
@@ -168,7 +170,7 @@ class _opened:
         self, pair: Pair, path: Location, field: str, limit: int, store: StorageOptions
     ) -> None:
         self.stage = _stage(pair, path, field)
-        self.context = window_source(path, limit, store)
+        self.context = window_source(path, limit, store, mask=field == "mask")
 
     def __enter__(self):
         with self.stage:
@@ -210,7 +212,7 @@ def planned_bands(
     for index, pair in enumerate(pairs):
         try:
             height, width, windowed = header(pair.image, store)
-            windowed = windowed and header(pair.mask, store)[2]
+            windowed = windowed and header(pair.mask, store, mask=True)[2]
         except Exception:  # noqa: BLE001 - an unreadable file fails its pair when converted
             units.append(index), bands.append(WHOLE), sizes.append(tile * tile * 4)
             continue

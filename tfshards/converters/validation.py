@@ -212,6 +212,8 @@ def _open(pair: Pair, path: Location, field: str, storage_options: StorageOption
         raise fail("not an image file Pillow can decode", exc) from exc
     except _DecodeTimeout as exc:
         raise fail(f"took over {DECODE_SECONDS} s to decode; refused", exc) from exc
+    except deep_files.LayoutError as exc:  # a readable file tfshards does not take
+        raise fail(str(exc), exc) from exc
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this pair's error

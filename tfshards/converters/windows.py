@@ -1,9 +1,10 @@
 """Read windows of one image file for tiling, with memory bounded whatever its size.
 
-- TIFF and BigTIFF, tiled or striped (chunky samples): read by ``tifffile`` one segment
-  (tile or strip) at a time: a window decodes only the segments it touches, and the
-  segments of the current row of tiles are kept until the next row starts below them,
-  so memory holds about one band of the image, never the image.
+- TIFF and BigTIFF, tiled or striped (chunky samples; :func:`_by_windows` says which):
+  read by ``tifffile`` one segment (tile or strip) at a time: a window decodes only the
+  segments it touches, and the segments of the current row of tiles are kept until the
+  next row starts below them, so memory holds about one band of the image, never the
+  image.
 - Everything else (PNG, JPEG, ..., TIFFs whose samples are stored as separate planes,
   and TIFFs where ``tifffile`` is not installed): decoded whole, once, by Pillow or
   ``tifffile``, after checking the decoded size against ``decode_limit``
@@ -50,12 +51,14 @@ class WindowSource(Protocol):
     def read(self, window: Window) -> Image.Image | np.ndarray: ...
 
 
-def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool]:
-    """(height, width, read by windows?) of an image from its header alone."""
+def header(
+    path: Location, store: StorageOptions = None, mask: bool = False
+) -> tuple[int, int, bool]:
+    """(height, width, read by windows?) of an image (or a ``mask``) from its header."""
     if _is_tiff(path) and _tifffile() is not None:
         with _opened_tiff(path, store) as tiff:
             page = tiff.pages.first
-            windowed = page.planarconfig == 1 or page.samplesperpixel == 1
+            windowed = _by_windows(tiff, page, mask)
             return int(page.imagelength), int(page.imagewidth), windowed
     with (
         storage.open_file(path, "rb", store) as handle,
@@ -67,9 +70,9 @@ def header(path: Location, store: StorageOptions = None) -> tuple[int, int, bool
 
 @contextlib.contextmanager
 def window_source(
-    path: Location, limit: int, store: StorageOptions = None
+    path: Location, limit: int, store: StorageOptions = None, mask: bool = False
 ) -> Iterator[WindowSource]:
-    """A source of windows of the image at ``path`` (see the module docstring)."""
+    """A source of windows of the image (or ``mask``) at ``path`` (module docstring)."""
     if deep_files.is_npy(path):
         yield WholeArray(_npy_pixels(path, limit, store))
         return
@@ -78,13 +81,35 @@ def window_source(
             page = tiff.pages.first
             if len(tiff.series[0].pages) > 1:  # bands as pages: the series decoded whole
                 yield WholeArray(_tiff_series(tiff, limit))
-            elif page.planarconfig == 1 or page.samplesperpixel == 1:
+            elif _by_windows(tiff, page, mask):
                 yield TiffWindows(tiff, page, _file_size(path, store), limit)
+            elif deep_files.pillow_reads(tiff):  # colours Pillow converts: as whole images
+                yield WholeImage(_pillow_image(path, limit, store))
             else:  # separate planes: decoded whole
                 pixels = _tiff_pixels(page, path, limit)
                 yield WholeArray(pixels) if isinstance(pixels, np.ndarray) else WholeImage(pixels)
         return
     yield WholeImage(_pillow_image(path, limit, store))
+
+
+def _by_windows(tiff: Any, page: Any, mask: bool) -> bool:
+    """Whether a TIFF is read by windows: its samples are chunky (or one), and they are the
+    pixels the whole-image path gives. A TIFF Pillow reads (8 bits, 1 to 4 samples) is
+    converted by Pillow when whole: its palette, CMYK, min-is-white, bilevel, gray and
+    alpha or premultiplied RGBA samples become other values or bands, so such a TIFF is
+    decoded by Pillow here too; only 8-bit gray, RGB and (unassociated) RGBA samples are
+    the pixels as stored, and a mask's palette indices (its classes, as Pillow reads them)."""
+    if page.planarconfig != 1 and page.samplesperpixel != 1:
+        return False
+    if not deep_files.pillow_reads(tiff):
+        return True  # 16-bit or multi-band: stored samples in both paths (deep_files)
+    gray = page.photometric in ((1, 3) if mask else (1,)) and page.samplesperpixel == 1
+    # RGB, or RGBA of unassociated alpha (premultiplied samples are not the pixels);
+    # JPEG-compressed YCbCr (slide scanners') is decoded to RGB by tifffile, as by Pillow
+    rgb = page.photometric == 2 or (page.photometric == 6 and page.compression == 7)
+    alpha = tuple(page.extrasamples) == (2,)
+    colour = rgb and (page.samplesperpixel == 3 or alpha)
+    return page.bitspersample == 8 and (gray or colour)
 
 
 def _npy_pixels(path: Location, limit: int, store: StorageOptions) -> np.ndarray:
@@ -113,7 +138,7 @@ def middle_window(path: Location, store: StorageOptions = None, size: int = 1024
     file, which would be decoded whole."""
     if not _is_tiff(path) or _tifffile() is None:
         raise WindowError("only TIFFs are sampled by windows")
-    with window_source(path, 2**28, store) as source:
+    with window_source(path, 2**28, store, mask=True) as source:
         if not isinstance(source, TiffWindows):
             raise WindowError("its samples are separate planes")
         height, width = min(size, source.height), min(size, source.width)
@@ -259,6 +284,8 @@ def _tiff_pixels(page: Any, path: Location, limit: int) -> Image.Image | np.ndar
 
 def _pillow_image(path: Location, limit: int, store: StorageOptions) -> Image.Image:
     with storage.open_file(path, "rb", store) as handle, no_pixel_limit():
+        deep_files.check_png_depth(handle.read(26))
+        handle.seek(0)
         image = Image.open(handle)
         bands = len(image.getbands())
         depth = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
@@ -274,14 +301,18 @@ def _check_limit(height: int, width: int, pixel_bytes: int, limit: int) -> None:
     needed = int(height) * int(width) * int(pixel_bytes)
     if needed > limit:
         raise WindowError(
-            f"{height}x{width} (HxW) decoded at once takes {_gib(needed)}, over the decode "
-            f"limit of {_gib(limit)} ({LIMIT_OPTION}); this file is decoded whole (or in "
+            f"{height}x{width} (HxW) decoded at once takes {_size(needed)}, over the decode "
+            f"limit of {_size(limit)} ({LIMIT_OPTION}); this file is decoded whole (or in "
             "strips this large): save it as a tiled TIFF (read by windows) or raise the limit"
         )
 
 
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB"
+def _size(size: int) -> str:
+    """A size in the unit that tells it apart from the limit (a small --decode-limit read
+    "0.00 GiB, over the decode limit of 0.00 GiB")."""
+    if size < 2**20:
+        return f"{size} bytes"
+    return f"{size / 2**20:.1f} MiB" if size < 2**30 else f"{size / 2**30:.2f} GiB"
 
 
 @contextlib.contextmanager

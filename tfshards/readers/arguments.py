@@ -54,6 +54,11 @@ def check_arguments(path: str | os.PathLike, a: dict[str, Any], cache: CachePlan
             f"{a['image_dtype']!r}"
         )
     checked_bool("normalize", a["normalize"])
+    if a["normalize"] and a["image_dtype"] != "float32":
+        raise OptionsError(
+            f"normalize=True gives float32 images; image_dtype={a['image_dtype']!r} asks "
+            "for another type: leave image_dtype at 'float32', or drop normalize"
+        )
     read_options(a["options"])
     _check_augment(a["augment"])
     _check_input_context(a["input_context"], a["batch_size"])

@@ -332,6 +332,8 @@ def layer_augmenter(
     """
     encode = one_hot_encoder(shards) if one_hot else None
     layer = as_pipeline(layer)
+    if image_dtype == "uint16" and shards.manifest.image.dtype == "uint16":
+        _check_value_ranges(layer)
     offset, label = fill_offset(layer), fill_label(shards, layer)
 
     def augment(
@@ -355,6 +357,20 @@ def layer_augmenter(
         return image, mask if encode is None else encode(mask)
 
     return augment
+
+
+def _check_value_ranges(layer) -> None:
+    """OptionsError for a layer whose ``value_range`` (Keras' photometric layers: 0..255
+    unless told) stops below 65535: it would clip uint16 pixels to it, silently."""
+    for inner in getattr(layer, "layers", None) or ():  # a Pipeline's layers
+        _check_value_ranges(inner)
+    value_range = getattr(layer, "value_range", None)
+    if value_range is not None and float(value_range[1]) < 65535:
+        raise OptionsError(
+            f"augment: {type(layer).__name__} has value_range={tuple(value_range)} but "
+            "image_dtype='uint16' images hold 0..65535, which it would clip to that range; "
+            "pass value_range=(0, 65535) to the layer"
+        )
 
 
 def unshifted(moved: tf.Tensor, offset: int, label: int) -> tf.Tensor:

@@ -66,7 +66,7 @@ class Stitcher:
             if value not in valid:
                 raise OptionsError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
         self.blend, self.output = blend, output
-        self.out = None if out is None else Path(out)
+        self.out = None if out is None else _checked_out(Path(out))
         folder = self.out.parent if self.out is not None else None
         self._sums = _scratch((self.height, self.width, self.classes), folder)
         self._weights = _scratch((self.height, self.width), folder)
@@ -78,7 +78,9 @@ class Stitcher:
         if self._sums is None:
             raise StitchError("this Stitcher has finished; make a new one")
         if not isinstance(window, Window):
-            raise OptionsError(f"window must be a tfshards Window; got {window!r}")
+            raise OptionsError(
+                f"window must be a tfshards.Window(row, column, height, width); got {window!r}"
+            )
         if window.bottom > self.height or window.right > self.width:
             raise StitchError(f"window {window} reaches past the {self.height}x{self.width} image")
         votes = self._as_scores(np.asarray(prediction), window)
@@ -106,7 +108,15 @@ class Stitcher:
                 f"a prediction of shape {prediction.shape}: expected class indices {size} "
                 f"or scores {(*size, self.classes)}"
             )
-        return prediction.astype(np.float32, copy=False)
+        if prediction.dtype.kind not in "iuf":
+            raise StitchError(f"scores of dtype {prediction.dtype}: expected real numbers")
+        scores = prediction.astype(np.float32, copy=False)
+        if not np.isfinite(scores).all():  # a NaN would be argmax's pick, silently
+            raise StitchError(
+                f"scores for window {window} hold {int(np.sum(~np.isfinite(scores)))} NaN "
+                "or infinite values (a model that diverged, or float16 overflow)"
+            )
+        return scores
 
     def finish(self) -> np.ndarray:
         """The blended prediction (see the module docstring), as a memmap; the scratch
@@ -116,21 +126,35 @@ class Stitcher:
         labels = self.output == "labels"
         shape = (self.height, self.width) if labels else (self.height, self.width, self.classes)
         dtype = (np.uint8 if self.classes <= 256 else np.int32) if labels else np.float32
-        result = _output(self.out, shape, dtype)
         band = max(1, _BAND_BYTES // (self.width * self.classes * 4))
+        self._check_covered(band)  # before ``out`` is written: no partial output is left
+        result = _output(self.out, shape, dtype)
         for top in range(0, self.height, band):
             rows = slice(top, min(top + band, self.height))
-            weights = self._weights[rows]
+            weights, sums = self._weights[rows], self._sums[rows]
+            result[rows] = sums.argmax(axis=2) if labels else sums / weights[:, :, None]
+        result.flush()
+        self._sums = self._weights = None  # unmapped: their files are gone already
+        return result
+
+    def _check_covered(self, band: int) -> None:
+        for top in range(0, self.height, band):
+            weights = self._weights[top : top + band]
             if not weights.all():
                 row = top + int(np.flatnonzero(~weights.all(axis=1))[0])
                 raise StitchError(
                     f"row {row} has pixels no tile covered: add every tile of the source"
                 )
-            sums = self._sums[rows]
-            result[rows] = sums.argmax(axis=2) if labels else sums / weights[:, :, None]
-        result.flush()
-        self._sums = self._weights = None  # unmapped: their files are gone already
-        return result
+
+
+def _checked_out(out: Path) -> Path:
+    """``out`` as given, if a file can be written there (refused now, not after every
+    tile was added)."""
+    if out.is_dir():
+        raise OptionsError(f"out must be a .npy file to write, got the folder {out}")
+    if not out.parent.is_dir():
+        raise OptionsError(f"out: the folder {out.parent} does not exist; create it first")
+    return out
 
 
 def _scratch(shape: tuple[int, ...], folder: Path | None) -> np.ndarray:

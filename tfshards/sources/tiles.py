@@ -99,12 +99,17 @@ def tiles(
     options = read_options(options)
     table = records(path, split, storage_options=options.storage_options, progress=False)
     found: list[tuple[int, int, int]] = []  # (row, column, record)
+    named: int | None = None  # the record keyed ``source`` itself
     for index, key in enumerate(table.keys):
         position = tile_position(key)
         if position is not None and position[0] == source:
             found.append((position[1], position[2], index))
         elif key == source:
             found.append((0, 0, index))
+            named = index
+    pairs = Pairs(path, split, options=options)
+    if named is not None and tile_position(source) is not None:  # a whole image, or a tile
+        found = _without_tile_named(pairs, source, named, found)
     if not found:
         raise RecordTableError(
             f"{storage.display(path)} (split {split}): no record of source {source!r}; "
@@ -115,8 +120,28 @@ def tiles(
         Window(row, column, int(table.heights[index]), int(table.widths[index]))
         for row, column, index in found
     ]
-    pairs = Pairs(path, split, options=options)
     return SourceTiles(pairs, source, [index for _, _, index in found], windows)
+
+
+def _without_tile_named(
+    pairs: Pairs, source: str, named: int, found: list[tuple[int, int, int]]
+) -> list[tuple[int, int, int]]:
+    """``found`` less the record keyed ``source`` where that record is a tile of another
+    image (the table cannot tell it from a whole image keyed like a tile): listed, it
+    would sit at window (0, 0) of a source of its size. A tile's key alone is refused,
+    naming its source."""
+    features = parse_example(pairs.records.read([named])[0])
+    if features.get("source/key") is None:
+        return found
+    rest = [entry for entry in found if entry[2] != named]
+    if not rest:
+        held = os.fsdecode(features["source/key"])
+        raise RecordTableError(
+            f"source {source!r} is the key of one tile of {held!r} (row "
+            f"{int(features['source/row'])}, column {int(features['source/column'])}); "
+            f"pass source={held!r} for the tiles of that image"
+        )
+    return rest
 
 
 def _check_window(features: dict, source: str, window: Window, where: str) -> None:
