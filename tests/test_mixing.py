@@ -597,3 +597,13 @@ def test_weights_or_num_classes_without_their_counterpart_are_refused(two):
         tfshards.read({}, weights={})
     with pytest.raises(OptionsError, match=r"a path or tfshards.Source"):
         tfshards.read({"a": 3}, weights=[1])
+
+
+# Found by trying to break the mix -------------------------------------------------------
+
+
+def test_weights_near_the_float_maximum_keep_their_shares(two):
+    report = tfshards.mix_exposure(two, weights=[1e308, 1e308], epoch_size=40)
+    assert report.source_share.tolist() == [0.5, 0.5]  # their sum overflowed: all to b
+    seen = _seen(_mixed(two, weights={"a": 1e308, "b": 1e308}, epoch_size=40, seed=0))
+    assert sum(tag == 1 for tag, _ in seen) == 20

@@ -134,6 +134,7 @@ def _shares(values: list[Any], names: list[str]) -> np.ndarray:
     shares = np.asarray(values, np.float64)
     if not shares.any():
         raise OptionsError(f"weights= are all zero ({dict(zip(names, values, strict=True))})")
+    shares = shares / shares.max()  # weights near the float maximum sum to inf otherwise
     return shares / shares.sum()
 
 
