@@ -607,3 +607,9 @@ def test_weights_near_the_float_maximum_keep_their_shares(two):
     assert report.source_share.tolist() == [0.5, 0.5]  # their sum overflowed: all to b
     seen = _seen(_mixed(two, weights={"a": 1e308, "b": 1e308}, epoch_size=40, seed=0))
     assert sum(tag == 1 for tag, _ in seen) == 20
+
+
+def test_unannotated_given_as_one_class_is_refused_naming_the_dataset(two):
+    sources = {"a": two["a"], "b": tfshards.Source(two["b"], unannotated=1)}
+    with pytest.raises(OptionsError, match=r"unannotated of dataset 'b' is a list"):
+        tfshards.read(sources, weights=[1, 1])  # was a TypeError from list(1)

@@ -106,7 +106,7 @@ def label_map(
             f"label_map of {where}: it reads classes {outside} but the shared taxonomy has "
             f"{shared} classes (0..{shared - 1}); map them into it, or to None (ignored)"
         )
-    for klass in _classes("unannotated", unannotated, where):
+    for klass in given_classes("unannotated", unannotated, where):
         if klass >= shared:
             raise OptionsError(
                 f"unannotated of {where}: class {klass} is outside the shared taxonomy "
@@ -146,7 +146,8 @@ def _pairs(given: Any, classes: int, where: str) -> dict[int, int | None]:
     return {int(k): None if t is None else int(t) for k, t in pairs.items()}
 
 
-def _classes(name: str, values: Iterable[int], where: str) -> list[int]:
+def given_classes(name: str, values: Iterable[int], where: str) -> list[int]:
+    """A list of class indices (``unannotated``), checked."""
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise OptionsError(f"{name} of {where} is a list of shared classes, got {values!r}")
     values = list(values)

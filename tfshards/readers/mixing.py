@@ -359,10 +359,13 @@ def resolved_maps(
 ) -> dict[str, LabelMap | None]:
     """Each source's label map in one taxonomy: ``num_classes``, else the largest any
     source reads + 1. None for every source when none is mapped and their classes agree."""
-    from tfshards.readers.labels import manifest_classes
+    from tfshards.readers.labels import given_classes, manifest_classes
 
     ignore = _one_ignore_label(manifests)
-    mapped = any(s.label_map is not None or list(s.unannotated) for s in sources.values())
+    mapped = any(
+        s.label_map is not None or given_classes("unannotated", s.unannotated, f"dataset {n!r}")
+        for n, s in sources.items()
+    )
     classes = {name: manifest_classes(m)[0] for name, m in manifests.items()}
     if not mapped and num_classes is None and len(set(classes.values())) == 1:
         return dict.fromkeys(sources)
