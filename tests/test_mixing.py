@@ -613,3 +613,13 @@ def test_unannotated_given_as_one_class_is_refused_naming_the_dataset(two):
     sources = {"a": two["a"], "b": tfshards.Source(two["b"], unannotated=1)}
     with pytest.raises(OptionsError, match=r"unannotated of dataset 'b' is a list"):
         tfshards.read(sources, weights=[1, 1])  # was a TypeError from list(1)
+
+
+def test_a_dataset_of_weight_zero_has_no_cache_entry_and_the_mix_cache_gets_ready(two, tmp_path):
+    weights = {"a": 1, "b": 0}
+    first = _seen(_mixed(two, weights=weights, epoch_size=80, seed=0, cache=tmp_path))
+    assert {tag for tag, _ in first} == {1}  # b is never read
+    entries = tfshards.list_caches(tmp_path)  # was also b's, never filled: never ready
+    assert [(e.info.records, e.state) for e in entries] == [(40, "ready")]
+    again = _mixed(two, weights=weights, epoch_size=80, seed=0, cache=tmp_path)
+    assert again._tfshards_reader.store.ready and _seen(again) == first

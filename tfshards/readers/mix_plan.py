@@ -225,14 +225,15 @@ def _joined_table(parts: tuple[Part, ...]):
 
 
 class MixedStore:
-    """One cache entry per source, addressed by global record index."""
+    """One cache entry per source, addressed by global record index (None for a source
+    of weight 0: never read, so never cached, and not waited for)."""
 
     def __init__(self, first: np.ndarray, stores: list[Any], rows: list[Any]) -> None:
         self.first, self.stores, self.rows = first, stores, rows
 
     @property
     def ready(self) -> bool:
-        return all(store.ready for store in self.stores)
+        return all(store.ready for store in self.stores if store is not None)
 
     def _rows(self, s: int, local: np.ndarray) -> np.ndarray:
         return local if self.rows[s] is None else self.rows[s][local]
@@ -267,7 +268,10 @@ def mixed_store(plan: ReadPlan) -> MixedStore | None:
 
     if plan.cache.kind == "none":
         return None
-    parts = plan.mix.parts
-    stores = [pair_store(part.plan) for part in parts]
+    parts, shares = plan.mix.parts, plan.mix.shares
+    stores = [
+        pair_store(part.plan) if share > 0 else None
+        for part, share in zip(parts, shares, strict=True)
+    ]
     rows = [store_rows(part.plan.selection) for part in parts]
     return MixedStore(plan.mix.offsets, stores, rows)
