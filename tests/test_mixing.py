@@ -623,3 +623,23 @@ def test_a_dataset_of_weight_zero_has_no_cache_entry_and_the_mix_cache_gets_read
     assert [(e.info.records, e.state) for e in entries] == [(40, "ready")]
     again = _mixed(two, weights=weights, epoch_size=80, seed=0, cache=tmp_path)
     assert again._tfshards_reader.store.ready and _seen(again) == first
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda t: tfshards.class_weights(t, weights=[1, 1], label_map={1: 0}), "given to each"),
+        (lambda t: tfshards.class_weights(t, weights=[1, 1], records=["000"]), "given to each"),
+        (
+            lambda t: tfshards.class_weights(t, weights=[1, 1], sampling=tfshards.ClassBalanced()),
+            "given to each",
+        ),
+        (lambda t: tfshards.class_weights(t["a"], weights=[1]), "weights= mixes several"),
+        (lambda t: tfshards.class_weights(t["a"], num_classes=6), "num_classes= is the shared"),
+        (lambda t: tfshards.info(t["a"], num_classes=6), "num_classes= is the shared"),
+        (lambda t: tfshards.info(t, label_map={1: 0}), r"info\(\) reads one dataset"),
+    ],
+)
+def test_info_and_class_weights_refuse_what_read_refuses(two, call, match):
+    with pytest.raises(OptionsError, match=match):  # were silently ignored (info: TypeError)
+        call(two)

@@ -233,17 +233,23 @@ class MaskLabels:
         return out
 
 
+def check_one_dataset(given: Any, num_classes: Any, weights: Any) -> None:
+    """One dataset's ``label_map=``/``num_classes=``/``weights=`` (read, info, class_weights):
+    weights= belongs to several datasets, num_classes= to a map or several datasets."""
+    if weights is not None:
+        raise OptionsError("weights= mixes several datasets: pass path={name: path, ...}")
+    if given is None and num_classes is not None:
+        raise OptionsError(
+            "num_classes= is the shared taxonomy's size: it goes with label_map= or "
+            "several datasets; without them the dataset's own classes are read"
+        )
+
+
 def read_labels(shards: Any, a: dict[str, Any], unordered: str | None) -> LabelMap | None:
     """read()'s ``label_map=`` and ``num_classes=`` for one dataset, checked."""
     given, classes = a.get("label_map"), a.get("num_classes")
-    if a.get("weights") is not None:
-        raise OptionsError("weights= mixes several datasets: pass path={name: path, ...}")
+    check_one_dataset(given, classes, a.get("weights"))
     if given is None:
-        if classes is not None:
-            raise OptionsError(
-                "num_classes= is the shared taxonomy's size: it goes with label_map= or "
-                "several datasets; without them the dataset's own classes are read"
-            )
         return None
     if unordered is not None:
         raise OptionsError(f"label_map= needs a read by index, and this one cannot be: {unordered}")

@@ -22,6 +22,7 @@ from tfshards.readers.mixing import (
     check_alike,
     mix_digest,
     mix_shares,
+    refuse_one_for_all,
     resolved_maps,
     shared_labels,
     sources_of,
@@ -37,11 +38,7 @@ PER_SOURCE = ("records", "sampling", "label_map")
 def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     """The plan of ``read({name: path or Source}, weights=..., epoch_size=..., ...)``."""
     sources = sources_of(path)
-    for name in PER_SOURCE:
-        if a.get(name) is not None:
-            raise OptionsError(
-                f"{name}= with several datasets is given to each: tfshards.Source(path, {name}=...)"
-            )
+    refuse_one_for_all({name: a.get(name) for name in PER_SOURCE})
     if a.get("service") is not None:
         raise OptionsError("several datasets cannot be read through the tf.data service")
     if a.get("normalize"):  # each dataset's statistics are its own; one set is not defined

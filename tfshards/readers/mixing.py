@@ -90,6 +90,16 @@ def sources_of(given: Mapping) -> dict[str, Source]:
     return out
 
 
+def refuse_one_for_all(given: Mapping[str, Any]) -> None:
+    """``records=``, ``sampling=``, ``label_map=`` given once for several datasets (read,
+    class_weights): refused, as each dataset takes its own."""
+    for name, value in given.items():
+        if value is not None:
+            raise OptionsError(
+                f"{name}= with several datasets is given to each: tfshards.Source(path, {name}=...)"
+            )
+
+
 def mix_shares(weights: Any, names: list[str]) -> np.ndarray:
     """``weights=`` ({name: weight}, or one per dataset in order) as shares summing to 1."""
     if weights is None:
