@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -643,3 +644,30 @@ def test_a_dataset_of_weight_zero_has_no_cache_entry_and_the_mix_cache_gets_read
 def test_info_and_class_weights_refuse_what_read_refuses(two, call, match):
     with pytest.raises(OptionsError, match=match):  # were silently ignored (info: TypeError)
         call(two)
+
+
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        ({"weights": {"a": 0.5, "b": 0.5}}, "weights= differ"),
+        ({"epoch_size": 48}, "epoch_size= differ"),
+        ({"path": "swapped"}, "the datasets (their names, order, shards or splits) differ"),
+        ({"path": "mapped"}, "label_map or unannotated (or num_classes=) differ"),
+        ({"path": "subset"}, "a dataset's records= or sampling= differ"),
+        ({"path": "alone"}, "made by a read of several datasets, this read reads one"),
+    ],
+)
+def test_a_state_of_another_mix_is_refused_naming_what_differs(two, other, named):
+    identity = _mixed(two, seed=0)._tfshards_reader.identity
+    state = ReadState(**(identity | {"epoch": 1, "records_done": 8}))
+    paths = {
+        "swapped": {"b": two["b"], "a": two["a"]},
+        "mapped": {"a": two["a"], "b": tfshards.Source(two["b"], label_map={2: 1})},
+        "subset": {"a": two["a"], "b": tfshards.Source(two["b"], records=["000", "001"])},
+    }
+    path = paths.get(other.pop("path", None), two)
+    with pytest.raises(ResumeError, match=re.escape(named)):  # was: two digests, no words
+        if path is two and named.startswith("made by"):
+            list(tfshards.read(two["a"], batch_size=8, seed=0, start=state))
+        else:
+            list(_mixed(path, seed=0, start=state, **other))

@@ -342,17 +342,51 @@ def _source_seed(seed: int, source: int) -> int:
 
 
 def mix_digest(parts: Sequence[Part], shares: np.ndarray, epoch_size: int) -> str:
-    """What decides a mix's epochs (a resume state must match it): each source's
-    dataset, split, shard groups, selection and map, the shares and the epoch size."""
-    digest = hashlib.sha256(f"mix {epoch_size} {shares.tobytes().hex()}".encode())
-    for part in parts:
-        plan = part.plan
-        selection = plan.selection.digest or f"all {plan.shards.records}"
-        mapped = part.labels.describe() if part.labels is not None else "-"
-        key = shard_cache_key(plan.shards.manifest)
-        order = f"{plan.shards.split}|{plan.group_shards}"  # its shard groups order it
-        digest.update(f"|{part.name}|{key}|{order}|{selection}|{mapped}".encode())
-    return digest.hexdigest()[:16]
+    """What decides a mix's epochs (a resume state must match it), one short digest per
+    kind of argument, so a refused state can name the one that differs (mix_difference)."""
+    datasets, weights, selections, maps = [], [], [], []  # the last three by name, sorted:
+    for part, share in zip(parts, shares.tolist(), strict=True):  # reordering is one change
+        plan, name = part.plan, part.name
+        key = shard_cache_key(plan.shards.manifest)  # its shard groups order it
+        datasets.append(f"{name}|{key}|{plan.shards.split}|{plan.group_shards}")
+        weights.append(f"{name}|{share.hex()}")
+        selections.append(f"{name}|{plan.selection.digest or plan.shards.records}")
+        maps.append(f"{name}|{part.labels.describe() if part.labels is not None else '-'}")
+    described = {
+        "datasets": _short(datasets),
+        "weights": _short(sorted(weights)),
+        "epoch_size": str(epoch_size),
+        "records/sampling": _short(sorted(selections)),
+        "label_maps": _short(sorted(maps)),
+    }
+    return "mix " + " ".join(f"{kind}={value}" for kind, value in described.items())
+
+
+def _short(texts: Sequence[str]) -> str:
+    return hashlib.sha256("|".join(texts).encode()).hexdigest()[:8]
+
+
+MIX_ARGUMENTS = {
+    "datasets": "the datasets (their names, order, shards or splits)",
+    "weights": "weights=",
+    "epoch_size": "epoch_size=",
+    "records/sampling": "a dataset's records= or sampling=",
+    "label_maps": "a dataset's label_map or unannotated (or num_classes=)",
+}
+
+
+def mix_difference(saved: str, here: str) -> str | None:
+    """Why a resume state's mix digest (``saved``) is not this read's (``here``), in words;
+    None when neither is a mix's."""
+    mixes = [digest.startswith("mix ") for digest in (saved, here)]
+    if not any(mixes):
+        return None
+    if not all(mixes):
+        made, this = ("several datasets", "reads one") if mixes[0] else ("one", "mixes several")
+        return f"the saved state was made by a read of {made}, this read {this}"
+    ours, theirs = (dict(p.split("=", 1) for p in d.split()[1:]) for d in (saved, here))
+    differ = [what for kind, what in MIX_ARGUMENTS.items() if ours.get(kind) != theirs.get(kind)]
+    return f"the saved state was made with another mix: {', '.join(differ) or 'its digest'} differ"
 
 
 def shared_labels(parts: Sequence[Part]) -> MaskLabels | None:
