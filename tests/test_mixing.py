@@ -671,3 +671,21 @@ def test_a_state_of_another_mix_is_refused_naming_what_differs(two, other, named
             list(tfshards.read(two["a"], batch_size=8, seed=0, start=state))
         else:
             list(_mixed(path, seed=0, start=state, **other))
+
+
+def test_the_report_and_pairs_refuse_a_mix_that_read_refuses(two, tmp_path, capsys):
+    from tfshards.cli import main
+
+    twice = {"a": two["a"], "again": two["a"]}
+    with pytest.raises(OptionsError, match=r"'a' and 'again' are the same split"):
+        tfshards.mix_exposure(twice, weights=[1, 1])  # was a report of 80 records
+    with pytest.raises(OptionsError, match=r"'a' and 'again' are the same split"):
+        tfshards.Pairs(twice, weights=[1, 1])
+    gray = _dataset(tmp_path / "gray", "b", 6, channels=1)
+    with pytest.raises(OptionsError, match=r"'a' and 'g' differ in image channels \(3 and 1\)"):
+        tfshards.Pairs({"a": two["a"], "g": gray}, weights=[1, 1])  # pairs of two kinds
+    command = ["inspect", f"a={two['a']}", f"b={two['b']}", "--weights", "1", "1"]
+    assert main([*command, "--exclude", "0"]) == 2  # was ignored without a word
+    assert "--exclude take one dataset" in capsys.readouterr().err
+    assert main([*command[:2], f"again={two['a']}", "--weights", "1", "1"]) == 2
+    assert "are the same split of one dataset" in capsys.readouterr().err

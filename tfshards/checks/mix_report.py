@@ -96,7 +96,7 @@ def mix_exposure(
     >>> print(report.describe())  # doctest: +SKIP
     """
     from tfshards.arguments import checked_int
-    from tfshards.readers.mixing import mix_shares, resolved_maps, sources_of
+    from tfshards.readers.mixing import check_distinct, mix_shares, resolved_maps, sources_of
     from tfshards.readers.selection import EPOCH_BOUND, select
     from tfshards.readers.shards import split_shards
     from tfshards.sources.record_tables import split_table
@@ -107,6 +107,7 @@ def mix_exposure(
         name: split_shards(s.path, s.split or split, storage_options=storage_options)
         for name, s in given.items()
     }
+    check_distinct(shards)
     maps = resolved_maps(given, {n: s.manifest for n, s in shards.items()}, num_classes)
     tables, selections = {}, {}
     for name, source in given.items():

@@ -231,8 +231,8 @@ def _print_mix(args: argparse.Namespace, options) -> int:
 
     if args.weights is None:
         raise OptionsError("inspect: several datasets need --weights, one per dataset")
-    if args.preview or args.sampling:
-        raise OptionsError("inspect: --preview and --sampling take one dataset")
+    if args.preview or args.sampling or args.exclude:
+        raise OptionsError("inspect: --preview, --sampling and --exclude take one dataset")
     sources = dict(d.split("=", 1) if "=" in d else (d, d) for d in args.dir)
     if len(sources) != len(args.dir):
         raise OptionsError(f"inspect: a dataset is named twice in {args.dir}")

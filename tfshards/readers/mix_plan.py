@@ -20,6 +20,7 @@ from tfshards.readers.mixing import (
     balanced_of,
     by_source,
     check_alike,
+    check_distinct,
     mix_digest,
     mix_shares,
     refuse_one_for_all,
@@ -51,7 +52,7 @@ def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     plans = _source_plans(sources, a)
     manifests = {name: plan.shards.manifest for name, plan in plans.items()}
     check_alike(manifests)
-    _check_distinct(plans)
+    check_distinct({name: plan.shards for name, plan in plans.items()})
     maps = resolved_maps(sources, manifests, a.get("num_classes"))
     plans = _alike_shapes(plans, a)
     parts = tuple(_part(name, source, plans[name], maps[name]) for name, source in sources.items())
@@ -113,21 +114,6 @@ def _source_plans(sources: Mapping[str, Source], a: dict[str, Any]) -> dict[str,
         except OptionsError as exc:
             raise OptionsError(f"dataset {name!r}: {exc}") from exc
     return plans
-
-
-def _check_distinct(plans: dict[str, ReadPlan]) -> None:
-    """One split given twice would share its cache entry and its records: refused."""
-    from tfshards.sources.shard_cache import shard_cache_key
-
-    seen: dict[tuple[str, str], str] = {}
-    for name, plan in plans.items():
-        key = (shard_cache_key(plan.shards.manifest), plan.shards.split)
-        if key in seen:
-            raise OptionsError(
-                f"datasets {seen[key]!r} and {name!r} are the same split of one dataset; "
-                "give it once (a larger weight shows it more often)"
-            )
-        seen[key] = name
 
 
 def _alike_shapes(plans: dict[str, ReadPlan], a: dict[str, Any]) -> dict[str, ReadPlan]:

@@ -446,6 +446,20 @@ def _one_ignore_label(manifests: Mapping[str, Any]) -> int | None:
     return label
 
 
+def check_distinct(shards: Mapping[str, Any]) -> None:
+    """Sources' splits (SplitShards): one split given twice would share its cache entry
+    and its records, so it is refused (read, Pairs and the report alike)."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, split in shards.items():
+        key = (shard_cache_key(split.manifest), split.split)
+        if key in seen:
+            raise OptionsError(
+                f"datasets {seen[key]!r} and {name!r} are the same split of one dataset; "
+                "give it once (a larger weight shows it more often)"
+            )
+        seen[key] = name
+
+
 def check_alike(manifests: Mapping[str, Any]) -> None:
     """Sources read into one batch: the same channels, pixel type and encodings, else
     refused naming both."""

@@ -17,7 +17,15 @@ import numpy as np
 
 from tfshards.arguments import checked_int
 from tfshards.errors import OptionsError
-from tfshards.readers.mixing import MixOrder, mix_order, mix_shares, resolved_maps, sources_of
+from tfshards.readers.mixing import (
+    MixOrder,
+    check_alike,
+    check_distinct,
+    mix_order,
+    mix_shares,
+    resolved_maps,
+    sources_of,
+)
 from tfshards.readers.order import group_shards
 from tfshards.readers.sampling import Selection
 from tfshards.readers.selection import EPOCH_BOUND, select
@@ -55,6 +63,8 @@ class MixedPairs(Pairs):
             for s in sources.values()
         ]
         manifests = dict(zip(self.names, (p.manifest for p in self.parts), strict=True))
+        check_alike(manifests)  # as read() refuses them: pairs of one kind
+        check_distinct(dict(zip(self.names, (p.records.shards for p in self.parts), strict=True)))
         maps = resolved_maps(sources, manifests, None)
         for part, name in zip(self.parts, self.names, strict=True):
             part.labels = maps[name]
