@@ -689,3 +689,22 @@ def test_the_report_and_pairs_refuse_a_mix_that_read_refuses(two, tmp_path, caps
     assert "--exclude take one dataset" in capsys.readouterr().err
     assert main([*command[:2], f"again={two['a']}", "--weights", "1", "1"]) == 2
     assert "are the same split of one dataset" in capsys.readouterr().err
+
+
+def test_a_missing_dataset_or_split_and_a_too_short_mix_are_named(two, tmp_path):
+    from tfshards.errors import ManifestError
+
+    missing = {"a": two["a"], "gone": tmp_path / "nothing"}
+    other = {"a": two["a"], "v": tfshards.Source(two["b"], split="val")}
+    for sources, match in ((missing, r"dataset 'gone': .*nothing"), (other, "dataset 'v': ")):
+        with pytest.raises(ManifestError, match=match):  # was the bare path or split
+            tfshards.read(sources, weights=[1, 1])
+        with pytest.raises(ManifestError, match=match):
+            tfshards.mix_exposure(sources, weights=[1, 1])
+        with pytest.raises(ManifestError, match=match):
+            tfshards.Pairs(sources, weights=[1, 1])
+    with pytest.raises(OptionsError, match="dataset 'b': records="):
+        tfshards.mix_exposure({"a": two["a"], "b": tfshards.Source(two["b"], records=["x"])},
+                              weights=[1, 1])  # fmt: skip
+    with pytest.raises(OptionsError, match=r"the epoch of the datasets 'a', 'b' mixed"):
+        _mixed(two, weights=[1, 1], epoch_size=3, batch_size=8, drop_remainder=True)

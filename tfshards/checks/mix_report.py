@@ -96,24 +96,33 @@ def mix_exposure(
     >>> print(report.describe())  # doctest: +SKIP
     """
     from tfshards.arguments import checked_int
-    from tfshards.readers.mixing import check_distinct, mix_shares, resolved_maps, sources_of
+    from tfshards.readers.mixing import (
+        check_distinct,
+        mix_shares,
+        naming,
+        resolved_maps,
+        sources_of,
+    )
     from tfshards.readers.selection import EPOCH_BOUND, select
     from tfshards.readers.shards import split_shards
     from tfshards.sources.record_tables import split_table
 
     given = sources_of(sources)
     shares = mix_shares(weights, list(given))
-    shards = {
-        name: split_shards(s.path, s.split or split, storage_options=storage_options)
-        for name, s in given.items()
-    }
+    shards = {}
+    for name, source in given.items():
+        with naming(name):
+            shards[name] = split_shards(
+                source.path, source.split or split, storage_options=storage_options
+            )
     check_distinct(shards)
     maps = resolved_maps(given, {n: s.manifest for n, s in shards.items()}, num_classes)
     tables, selections = {}, {}
     for name, source in given.items():
         table = split_table(shards[name], storage_options=storage_options)
         tables[name] = table if maps[name] is None else maps[name].table(table)
-        selections[name] = select(tables[name], source.records, source.sampling, None)
+        with naming(name):  # its records= or sampling=
+            selections[name] = select(tables[name], source.records, source.sampling, None)
     size = sum(s.epoch_size for s in selections.values())
     if epoch_size is not None:
         size = checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)

@@ -23,6 +23,7 @@ from tfshards.readers.mixing import (
     check_distinct,
     mix_digest,
     mix_shares,
+    naming,
     refuse_one_for_all,
     resolved_maps,
     shared_labels,
@@ -109,10 +110,8 @@ def _source_plans(sources: Mapping[str, Source], a: dict[str, Any]) -> dict[str,
     plans = {}
     for name, source in sources.items():
         arguments = {**alone, "path": source.path, "split": source.split or a["split"]}
-        try:
+        with naming(name):
             plans[name] = plan_read(**arguments)
-        except OptionsError as exc:
-            raise OptionsError(f"dataset {name!r}: {exc}") from exc
     return plans
 
 

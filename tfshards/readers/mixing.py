@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from tfshards.errors import OptionsError
+from tfshards.errors import ManifestError, OptionsError
 from tfshards.readers.labels import LabelMap, MaskLabels, label_map
 from tfshards.readers.order import EpochOrder
 from tfshards.readers.sampling import (
@@ -88,6 +89,16 @@ def sources_of(given: Mapping) -> dict[str, Source]:
             )
         out[name] = value
     return out
+
+
+@contextmanager
+def naming(name: str) -> Iterator[None]:
+    """Errors of one source (its options, a missing or unfinished dataset or split) named
+    by the source, as several paths make a bare one hard to place."""
+    try:
+        yield
+    except (OptionsError, ManifestError) as exc:
+        raise type(exc)(f"dataset {name!r}: {exc}") from exc
 
 
 def refuse_one_for_all(given: Mapping[str, Any]) -> None:

@@ -23,6 +23,7 @@ from tfshards.readers.mixing import (
     check_distinct,
     mix_order,
     mix_shares,
+    naming,
     resolved_maps,
     sources_of,
 )
@@ -58,10 +59,11 @@ class MixedPairs(Pairs):
         sources = sources_of(path)
         self.names = list(sources)
         self.shares = mix_shares(weights, self.names)
-        self.parts = [
-            Pairs(s.path, s.split or split, transform=None, with_keys=True, options=options)
-            for s in sources.values()
-        ]
+        self.parts = []
+        for name, s in sources.items():
+            with naming(name):
+                pairs = Pairs(s.path, s.split or split, with_keys=True, options=options)
+            self.parts.append(pairs)
         manifests = dict(zip(self.names, (p.manifest for p in self.parts), strict=True))
         check_alike(manifests)  # as read() refuses them: pairs of one kind
         check_distinct(dict(zip(self.names, (p.records.shards for p in self.parts), strict=True)))
