@@ -708,3 +708,13 @@ def test_a_missing_dataset_or_split_and_a_too_short_mix_are_named(two, tmp_path)
                               weights=[1, 1])  # fmt: skip
     with pytest.raises(OptionsError, match=r"the epoch of the datasets 'a', 'b' mixed"):
         _mixed(two, weights=[1, 1], epoch_size=3, batch_size=8, drop_remainder=True)
+
+
+def test_odd_weights_and_arguments_are_refused_not_a_python_error(two):
+    for weights in ([10**400, 1], [True, 1], [1j, 1]):  # 10**400: was a TypeError
+        with pytest.raises(OptionsError, match="'a' must be a finite number >= 0"):
+            tfshards.mix_exposure(two, weights=weights)
+    with pytest.raises(OptionsError, match="a mapping {name: path or tfshards.Source}"):
+        tfshards.mix_exposure(two["a"], weights=[1])  # was an AttributeError
+    with pytest.raises(OptionsError, match=r"path must be a folder path or URL.*\(Source\)"):
+        tfshards.class_weights(tfshards.Source(two["a"], label_map={3: 1}))  # TypeError

@@ -68,6 +68,7 @@ def info(
     """The dataset's class count (declared or inferred) and manifest; path may be a URL.
     With ``label_map`` (and ``num_classes``, as ``read`` takes them), the classes read
     through the map: its class count, and pixel counts merged or dropped by it."""
+    from tfshards.arguments import checked_path
     from tfshards.readers.labels import check_one_dataset, manifest_classes
     from tfshards.readers.labels import label_map as resolved
 
@@ -77,6 +78,7 @@ def info(
             "classes' shares and class_weights(...) their weights"
         )
     check_one_dataset(label_map, num_classes, None)
+    checked_path("path", path)  # a tfshards.Source alone, say, as read() refuses it
     manifest = Manifest.load(path, storage_options)
     classes, inferred = manifest_classes(manifest)
     if label_map is None:

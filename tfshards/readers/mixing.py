@@ -25,6 +25,7 @@ The disk cache is one entry per source, the one a read of that source alone woul
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -74,6 +75,11 @@ class Source:
 
 def sources_of(given: Mapping) -> dict[str, Source]:
     """read()'s mapping {name: path or Source}, checked."""
+    if not isinstance(given, Mapping):
+        raise OptionsError(
+            f"several datasets are a mapping {{name: path or tfshards.Source}}, got "
+            f"{type(given).__name__}"
+        )
     if not given:
         raise OptionsError("read() was given an empty mapping of datasets: name at least one")
     out = {}
@@ -146,13 +152,19 @@ def mix_shares(weights: Any, names: list[str]) -> np.ndarray:
 
 
 def _shares(values: list[Any], names: list[str]) -> np.ndarray:
+    floats = []
     for name, value in zip(names, values, strict=True):
         number = isinstance(value, int | float | np.integer | np.floating)
-        if not number or isinstance(value, bool) or not np.isfinite(value) or value < 0:
+        try:  # an int beyond a float's range (10**400) overflows
+            as_float = float(value) if number and not isinstance(value, bool) else math.nan
+        except OverflowError:
+            as_float = math.inf
+        if not math.isfinite(as_float) or as_float < 0:
             raise OptionsError(
                 f"weights= of dataset {name!r} must be a finite number >= 0, got {value!r}"
             )
-    shares = np.asarray(values, np.float64)
+        floats.append(as_float)
+    shares = np.asarray(floats, np.float64)
     if not shares.any():
         raise OptionsError(f"weights= are all zero ({dict(zip(names, values, strict=True))})")
     shares = shares / shares.max()  # weights near the float maximum sum to inf otherwise
