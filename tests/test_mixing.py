@@ -718,3 +718,14 @@ def test_odd_weights_and_arguments_are_refused_not_a_python_error(two):
         tfshards.mix_exposure(two["a"], weights=[1])  # was an AttributeError
     with pytest.raises(OptionsError, match=r"path must be a folder path or URL.*\(Source\)"):
         tfshards.class_weights(tfshards.Source(two["a"], label_map={3: 1}))  # TypeError
+
+
+def test_the_reports_columns_line_up_with_long_names(two):
+    long = {"cityscapes_fine": two["a"], "b": two["b"]}
+    text = tfshards.mix_exposure(long, weights=[0.5, 0.5], epoch_size=20).describe()
+    rows = text.splitlines()
+    header, first, second = rows[1], rows[2], rows[3]  # were shifted by the long name
+    assert len(header) == len(first) == len(second)
+    assert header.index("records") + 7 == first.index("10.0") + 4 == second.index("10.0") + 4
+    shares = rows[5:]
+    assert len({len(row) for row in shares}) == 1
