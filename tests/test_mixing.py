@@ -729,3 +729,10 @@ def test_the_reports_columns_line_up_with_long_names(two):
     assert header.index("records") + 7 == first.index("10.0") + 4 == second.index("10.0") + 4
     shares = rows[5:]
     assert len({len(row) for row in shares}) == 1
+
+
+def test_mixed_pairs_prefetch_takes_indices_as_indexing_does(two):
+    pairs = tfshards.Pairs(two, weights=[1, 1])
+    pairs.prefetch([-1, -55, 0, 54])  # -1 was looked up in b as -41: an IndexError
+    with pytest.raises(IndexError, match="out of range for 55 pairs"):
+        pairs.prefetch([55])

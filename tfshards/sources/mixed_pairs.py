@@ -116,7 +116,8 @@ class MixedPairs(Pairs):
 
     def prefetch(self, indices: Sequence[int]) -> None:
         for index in indices:
-            s = int(np.searchsorted(self.first, self.record_index(index), side="right") - 1)
+            index = self.record_index(index)  # a negative one counts from the end
+            s = int(np.searchsorted(self.first, index, side="right") - 1)
             self.parts[s].prefetch([index - int(self.first[s])])
 
     def close(self) -> None:
