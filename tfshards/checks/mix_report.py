@@ -59,20 +59,25 @@ class MixExposure:
         return {"epoch_records": self.epoch_records, "datasets": datasets, "classes": classes}
 
     def describe(self) -> str:
+        """The report as text; columns as wide as the longest name (paths, say)."""
+        wide = max(7, *(len(name) for name in self.names))
         lines = [
             f"one epoch of {self.epoch_records} records, {self.num_classes} shared classes:",
-            "dataset  records  share  pixels",
+            f"{'dataset':>{wide}}  records   share  pixels",
         ]
         pixels = self.pixels.sum(axis=1) / max(self.pixels.sum(), 1e-300)
         for k, name in enumerate(self.names):
             lines.append(
-                f"{name:>7}  {self.records[k]:7.1f}  {self.source_share[k]:5.1%}  {pixels[k]:6.1%}"
+                f"{name:>{wide}}  {self.records[k]:7.1f}  {self.source_share[k]:6.1%}  "
+                f"{pixels[k]:6.1%}"
             )
+        widths = [max(7, len(name)) for name in self.names]
         lines.append("class's share of the epoch's pixels and records, and its pixels from each:")
-        lines.append("class  pixels  records  " + "  ".join(f"{n:>7}" for n in self.names))
+        names = "  ".join(f"{n:>{w}}" for n, w in zip(self.names, widths, strict=True))
+        lines.append(f"class  pixels  records  {names}")
         for klass, share in enumerate(self.class_pixel_share):
             from_each = self.pixels[:, klass] / max(self.pixels[:, klass].sum(), 1e-300)
-            parts = "  ".join(f"{v:7.1%}" for v in from_each)
+            parts = "  ".join(f"{v:{w}.1%}" for v, w in zip(from_each, widths, strict=True))
             lines.append(
                 f"{klass:5d}  {share:6.1%}  {self.class_record_share[klass]:7.1%}  {parts}"
             )

@@ -189,8 +189,7 @@ def _unskippable(error: PairError, written: int, shared: bool) -> PairError:
     )
     reason = (
         f"{error.reason}; {why}, so it cannot be skipped: the shard is not written (fix or "
-        "remove the file and convert again with --overwrite: --resume reuses shards only "
-        "while every input is unchanged)"
+        "remove the file and --resume)"
     )
     return PairError(error.key, error.path, error.field, reason)
 
