@@ -736,3 +736,16 @@ def test_mixed_pairs_prefetch_takes_indices_as_indexing_does(two):
     pairs.prefetch([-1, -55, 0, 54])  # -1 was looked up in b as -41: an IndexError
     with pytest.raises(IndexError, match="out of range for 55 pairs"):
         pairs.prefetch([55])
+
+
+def test_inspect_takes_a_folder_whose_path_holds_an_equals_sign(two, tmp_path, capsys):
+    import shutil
+
+    from tfshards.cli import main
+
+    odd = tmp_path / "lr=0.1" / "shards"
+    shutil.copytree(two["b"], odd)
+    assert main(["inspect", f"a={two['a']}", str(odd), "--weights", "1", "1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)  # was read as dataset ".../lr", path "0.1/..."
+    assert [d["name"] for d in shown["datasets"]] == ["a", str(odd)]
+    assert main(["inspect", f"b={odd}", "--weights", "1"]) == 0
