@@ -749,3 +749,10 @@ def test_inspect_takes_a_folder_whose_path_holds_an_equals_sign(two, tmp_path, c
     shown = json.loads(capsys.readouterr().out)  # was read as dataset ".../lr", path "0.1/..."
     assert [d["name"] for d in shown["datasets"]] == ["a", str(odd)]
     assert main(["inspect", f"b={odd}", "--weights", "1"]) == 0
+
+
+def test_a_state_of_one_dataset_or_an_older_mix_is_refused_by_a_mix_saying_so(two):
+    identity = _mixed(two, seed=0)._tfshards_reader.identity
+    older = identity | {"sampling": "d703d2b2d287fea2", "epoch": 0, "records_done": 8}
+    with pytest.raises(ResumeError, match="not made by a mix of several datasets"):
+        list(_mixed(two, seed=0, start=ReadState(**older)))  # was: "a read of one dataset"

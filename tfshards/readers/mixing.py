@@ -405,8 +405,12 @@ def mix_difference(saved: str, here: str) -> str | None:
     if not any(mixes):
         return None
     if not all(mixes):
-        made, this = ("several datasets", "reads one") if mixes[0] else ("one", "mixes several")
-        return f"the saved state was made by a read of {made}, this read {this}"
+        if mixes[0]:
+            return "the saved state was made by a read of several datasets, this read reads one"
+        return (  # a mix's state of an earlier tfshards carried one digest, without "mix"
+            "the saved state was not made by a mix of several datasets (but by a read of "
+            "one, or by a mix under an earlier tfshards), and this read mixes several"
+        )
     ours, theirs = (dict(p.split("=", 1) for p in d.split()[1:]) for d in (saved, here))
     differ = [what for kind, what in MIX_ARGUMENTS.items() if ours.get(kind) != theirs.get(kind)]
     return f"the saved state was made with another mix: {', '.join(differ) or 'its digest'} differ"
