@@ -756,3 +756,10 @@ def test_a_state_of_one_dataset_or_an_older_mix_is_refused_by_a_mix_saying_so(tw
     older = identity | {"sampling": "d703d2b2d287fea2", "epoch": 0, "records_done": 8}
     with pytest.raises(ResumeError, match="not made by a mix of several datasets"):
         list(_mixed(two, seed=0, start=ReadState(**older)))  # was: "a read of one dataset"
+
+
+def test_a_key_given_twice_in_records_is_named_as_a_key(two):
+    sources = {"a": two["a"], "b": tfshards.Source(two["b"], records=["000", "004", "000"])}
+    with pytest.raises(OptionsError, match=r"dataset 'b': records= names keys more than once "
+                       r"\(\['000'\]\)"):  # fmt: skip
+        tfshards.read(sources, weights=[1, 1])  # was "only 0s and 1s ... a mask of 0/1 integers?"
