@@ -763,3 +763,12 @@ def test_a_key_given_twice_in_records_is_named_as_a_key(two):
     with pytest.raises(OptionsError, match=r"dataset 'b': records= names keys more than once "
                        r"\(\['000'\]\)"):  # fmt: skip
         tfshards.read(sources, weights=[1, 1])  # was "only 0s and 1s ... a mask of 0/1 integers?"
+
+
+@pytest.mark.parametrize("classes", [4.0, "4", 0, -1, True])
+def test_a_mixs_num_classes_is_checked_like_one_datasets(two, classes):
+    match = rf"num_classes must be an integer >= 1, got {re.escape(repr(classes))}"
+    with pytest.raises(OptionsError, match=match):  # 4.0 was read; "4" a NumPy error
+        tfshards.read(two, weights=[1, 1], num_classes=classes)
+    with pytest.raises(OptionsError, match=match):
+        tfshards.mix_exposure(two, weights=[1, 1], num_classes=classes)

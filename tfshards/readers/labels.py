@@ -91,6 +91,8 @@ def label_map(
     classes: keys within its classes, targets within the shared taxonomy
     (``num_classes``, default: the largest target + 1). ``ignore``: the shared ignore
     label (default: the dataset's, else DEFAULT_PAD_LABEL)."""
+    if num_classes is not None and (not _is_class(num_classes) or num_classes < 1):
+        raise OptionsError(f"num_classes must be an integer >= 1, got {num_classes!r}")
     classes = manifest_classes(manifest)[0]
     lookup = np.arange(MASK_VALUES, dtype=np.int64)
     for klass, target in _pairs(given, classes, where).items():
@@ -253,7 +255,5 @@ def read_labels(shards: Any, a: dict[str, Any], unordered: str | None) -> LabelM
         return None
     if unordered is not None:
         raise OptionsError(f"label_map= needs a read by index, and this one cannot be: {unordered}")
-    if classes is not None and (not _is_class(classes) or classes < 1):
-        raise OptionsError(f"num_classes must be an integer >= 1, got {classes!r}")
     where = f"{shards.root} (split {shards.split})"
     return label_map(given, shards.manifest, where=where, num_classes=classes)
