@@ -772,3 +772,11 @@ def test_a_mixs_num_classes_is_checked_like_one_datasets(two, classes):
         tfshards.read(two, weights=[1, 1], num_classes=classes)
     with pytest.raises(OptionsError, match=match):
         tfshards.mix_exposure(two, weights=[1, 1], num_classes=classes)
+
+
+def test_a_dataset_of_weight_zero_does_not_lengthen_the_default_epoch(two):
+    weights = {"a": 1, "b": 0}
+    seen = _seen(_mixed(two, weights=weights, epoch_size=None, seed=0))
+    assert sorted(seen) == [(1, i) for i in range(SIZES["a"])]  # was 55: 15 of a twice
+    assert len(tfshards.Pairs(two, weights=weights, seed=0).epoch(0)) == SIZES["a"]
+    assert tfshards.mix_exposure(two, weights=weights).epoch_records == SIZES["a"]

@@ -100,15 +100,15 @@ def mix_exposure(
     >>> report = tfshards.mix_exposure({"a": "a/", "b": "b/"}, weights=[1, 1])  # doctest: +SKIP
     >>> print(report.describe())  # doctest: +SKIP
     """
-    from tfshards.arguments import checked_int
     from tfshards.readers.mixing import (
         check_distinct,
+        mix_epoch_size,
         mix_shares,
         naming,
         resolved_maps,
         sources_of,
     )
-    from tfshards.readers.selection import EPOCH_BOUND, select
+    from tfshards.readers.selection import select
     from tfshards.readers.shards import split_shards
     from tfshards.sources.record_tables import split_table
 
@@ -128,9 +128,7 @@ def mix_exposure(
         tables[name] = table if maps[name] is None else maps[name].table(table)
         with naming(name):  # its records= or sampling=
             selections[name] = select(tables[name], source.records, source.sampling, None)
-    size = sum(s.epoch_size for s in selections.values())
-    if epoch_size is not None:
-        size = checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)
+    size = mix_epoch_size(epoch_size, list(selections.values()), shares)
     classes = max(t.num_classes for t in tables.values())
     pixels, holding = np.zeros((len(given), classes)), np.zeros((len(given), classes))
     for k, name in enumerate(given):

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from tfshards.arguments import checked_int
 from tfshards.errors import OptionsError
 from tfshards.readers.mixing import (
     Mix,
@@ -22,6 +21,7 @@ from tfshards.readers.mixing import (
     check_alike,
     check_distinct,
     mix_digest,
+    mix_epoch_size,
     mix_shares,
     naming,
     refuse_one_for_all,
@@ -31,7 +31,7 @@ from tfshards.readers.mixing import (
 )
 from tfshards.readers.plan import Batching, ReadPlan, mapped_finishing, plan_read
 from tfshards.readers.sampling import Selection
-from tfshards.readers.selection import EPOCH_BOUND, select
+from tfshards.readers.selection import select
 from tfshards.sources.pixel_batches import aligned_empty
 
 PER_SOURCE = ("records", "sampling", "label_map")
@@ -57,10 +57,7 @@ def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     maps = resolved_maps(sources, manifests, a.get("num_classes"))
     plans = _alike_shapes(plans, a)
     parts = tuple(_part(name, source, plans[name], maps[name]) for name, source in sources.items())
-    available = sum(part.plan.selection.epoch_size for part in parts)
-    size = available
-    if a.get("epoch_size") is not None:
-        size = checked_int("epoch_size", a["epoch_size"], low=1, high=EPOCH_BOUND)
+    size = mix_epoch_size(a.get("epoch_size"), [part.plan.selection for part in parts], shares)
     selection = _mixed_selection(parts, shares, size)
     mix = Mix(parts, shares, size, selection)
     first = parts[0].plan

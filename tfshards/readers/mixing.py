@@ -171,6 +171,17 @@ def _shares(values: list[Any], names: list[str]) -> np.ndarray:
     return shares / shares.sum()
 
 
+def mix_epoch_size(epoch_size: Any, selections: Sequence[Selection], shares: np.ndarray) -> int:
+    """Records per epoch of a mix: ``epoch_size=``, else those of its sources of weight
+    above zero (a dataset switched off by weight 0 does not lengthen the epoch)."""
+    if epoch_size is not None:
+        from tfshards.arguments import checked_int
+        from tfshards.readers.selection import EPOCH_BOUND
+
+        return checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)
+    return sum(s.epoch_size for s, share in zip(selections, shares, strict=True) if share > 0)
+
+
 @dataclass(frozen=True, eq=False)
 class MixOrder:
     """Every epoch of a mix (see the module docstring); ``records(epoch)`` are global

@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from tfshards.arguments import checked_int
 from tfshards.errors import OptionsError
 from tfshards.readers.mixing import (
     MixOrder,
     check_alike,
     check_distinct,
+    mix_epoch_size,
     mix_order,
     mix_shares,
     naming,
@@ -29,7 +29,7 @@ from tfshards.readers.mixing import (
 )
 from tfshards.readers.order import group_shards
 from tfshards.readers.sampling import Selection
-from tfshards.readers.selection import EPOCH_BOUND, select
+from tfshards.readers.selection import select
 from tfshards.sources.pairs import Pairs, _index
 
 
@@ -76,9 +76,7 @@ class MixedPairs(Pairs):
             _selection(part, source, name)
             for part, source, name in zip(self.parts, sources.values(), self.names, strict=True)
         ]
-        size = sum(s.epoch_size for s in selections)
-        if epoch_size is not None:
-            size = checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)
+        size = mix_epoch_size(epoch_size, selections, self.shares)
         self.order = _order(self.parts, selections, self.shares, size, seed, shuffle, options)
         self.first = np.concatenate([[0], np.cumsum([len(p.records) for p in self.parts])])
 
