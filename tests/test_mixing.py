@@ -780,3 +780,10 @@ def test_a_dataset_of_weight_zero_does_not_lengthen_the_default_epoch(two):
     assert sorted(seen) == [(1, i) for i in range(SIZES["a"])]  # was 55: 15 of a twice
     assert len(tfshards.Pairs(two, weights=weights, seed=0).epoch(0)) == SIZES["a"]
     assert tfshards.mix_exposure(two, weights=weights).epoch_records == SIZES["a"]
+
+
+def test_an_edited_mix_state_is_refused_as_a_resume_error(two):
+    identity = _mixed(two, seed=0)._tfshards_reader.identity
+    edited = identity | {"sampling": "mix x weights", "epoch": 0, "records_done": 8}
+    with pytest.raises(ResumeError, match="another mix: the datasets"):  # was a ValueError
+        list(_mixed(two, seed=0, start=ReadState(**edited)))

@@ -422,7 +422,9 @@ def mix_difference(saved: str, here: str) -> str | None:
             "the saved state was not made by a mix of several datasets (but by a read of "
             "one, or by a mix under an earlier tfshards), and this read mixes several"
         )
-    ours, theirs = (dict(p.split("=", 1) for p in d.split()[1:]) for d in (saved, here))
+    ours, theirs = (  # a part without "=" (an edited state) differs from every part
+        dict(p.partition("=")[::2] for p in d.split()[1:]) for d in (saved, here)
+    )
     differ = [what for kind, what in MIX_ARGUMENTS.items() if ours.get(kind) != theirs.get(kind)]
     return f"the saved state was made with another mix: {', '.join(differ) or 'its digest'} differ"
 
