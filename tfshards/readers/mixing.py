@@ -19,7 +19,8 @@ The sources are one virtual split: source ``s`` holds global records ``offsets[s
 
 Masks are read through each source's label map (labels.py) into one taxonomy; the
 tables, the counts of ``info``/``class_weights`` and class-balanced draws are in it.
-The disk cache is one entry per source, the one a read of that source alone would use.
+The disk cache is one entry per source of weight above zero, the one a read of that
+source alone would use.
 """
 
 from __future__ import annotations
