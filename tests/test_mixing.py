@@ -718,6 +718,10 @@ def test_odd_weights_and_arguments_are_refused_not_a_python_error(two):
         tfshards.mix_exposure(two["a"], weights=[1])  # was an AttributeError
     with pytest.raises(OptionsError, match=r"path must be a folder path or URL.*\(Source\)"):
         tfshards.class_weights(tfshards.Source(two["a"], label_map={3: 1}))  # TypeError
+    with pytest.raises(OptionsError, match=r"exposure\(\) reads one dataset"):
+        tfshards.exposure(two, epoch_size=10)  # a TypeError from the path
+    with pytest.raises(OptionsError, match=r"path must be a folder path or URL.*\(Source\)"):
+        tfshards.exposure(tfshards.Source(two["a"]))
 
 
 def test_the_reports_columns_line_up_with_long_names(two):
