@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -597,3 +598,196 @@ def test_weights_or_num_classes_without_their_counterpart_are_refused(two):
         tfshards.read({}, weights={})
     with pytest.raises(OptionsError, match=r"a path or tfshards.Source"):
         tfshards.read({"a": 3}, weights=[1])
+
+
+# Found by trying to break the mix -------------------------------------------------------
+
+
+def test_weights_near_the_float_maximum_keep_their_shares(two):
+    report = tfshards.mix_exposure(two, weights=[1e308, 1e308], epoch_size=40)
+    assert report.source_share.tolist() == [0.5, 0.5]  # their sum overflowed: all to b
+    seen = _seen(_mixed(two, weights={"a": 1e308, "b": 1e308}, epoch_size=40, seed=0))
+    assert sum(tag == 1 for tag, _ in seen) == 20
+
+
+def test_unannotated_given_as_one_class_is_refused_naming_the_dataset(two):
+    sources = {"a": two["a"], "b": tfshards.Source(two["b"], unannotated=1)}
+    with pytest.raises(OptionsError, match=r"unannotated of dataset 'b' is a list"):
+        tfshards.read(sources, weights=[1, 1])  # was a TypeError from list(1)
+
+
+def test_a_dataset_of_weight_zero_has_no_cache_entry_and_the_mix_cache_gets_ready(two, tmp_path):
+    weights = {"a": 1, "b": 0}
+    first = _seen(_mixed(two, weights=weights, epoch_size=80, seed=0, cache=tmp_path))
+    assert {tag for tag, _ in first} == {1}  # b is never read
+    entries = tfshards.list_caches(tmp_path)  # was also b's, never filled: never ready
+    assert [(e.info.records, e.state) for e in entries] == [(40, "ready")]
+    again = _mixed(two, weights=weights, epoch_size=80, seed=0, cache=tmp_path)
+    assert again._tfshards_reader.store.ready and _seen(again) == first
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda t: tfshards.class_weights(t, weights=[1, 1], label_map={1: 0}), "given to each"),
+        (lambda t: tfshards.class_weights(t, weights=[1, 1], records=["000"]), "given to each"),
+        (
+            lambda t: tfshards.class_weights(t, weights=[1, 1], sampling=tfshards.ClassBalanced()),
+            "given to each",
+        ),
+        (lambda t: tfshards.class_weights(t["a"], weights=[1]), "weights= mixes several"),
+        (lambda t: tfshards.class_weights(t["a"], num_classes=6), "num_classes= is the shared"),
+        (lambda t: tfshards.info(t["a"], num_classes=6), "num_classes= is the shared"),
+        (lambda t: tfshards.info(t, label_map={1: 0}), r"info\(\) reads one dataset"),
+    ],
+)
+def test_info_and_class_weights_refuse_what_read_refuses(two, call, match):
+    with pytest.raises(OptionsError, match=match):  # were silently ignored (info: TypeError)
+        call(two)
+
+
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        ({"weights": {"a": 0.5, "b": 0.5}}, "weights= differ"),
+        ({"epoch_size": 48}, "epoch_size= differ"),
+        ({"path": "swapped"}, "the datasets (their names, order, shards or splits) differ"),
+        ({"path": "mapped"}, "label_map or unannotated (or num_classes=) differ"),
+        ({"path": "subset"}, "a dataset's records= or sampling= differ"),
+        ({"path": "alone"}, "made by a read of several datasets, this read reads one"),
+    ],
+)
+def test_a_state_of_another_mix_is_refused_naming_what_differs(two, other, named):
+    identity = _mixed(two, seed=0)._tfshards_reader.identity
+    state = ReadState(**(identity | {"epoch": 1, "records_done": 8}))
+    paths = {
+        "swapped": {"b": two["b"], "a": two["a"]},
+        "mapped": {"a": two["a"], "b": tfshards.Source(two["b"], label_map={2: 1})},
+        "subset": {"a": two["a"], "b": tfshards.Source(two["b"], records=["000", "001"])},
+    }
+    path = paths.get(other.pop("path", None), two)
+    with pytest.raises(ResumeError, match=re.escape(named)):  # was: two digests, no words
+        if path is two and named.startswith("made by"):
+            list(tfshards.read(two["a"], batch_size=8, seed=0, start=state))
+        else:
+            list(_mixed(path, seed=0, start=state, **other))
+
+
+def test_the_report_and_pairs_refuse_a_mix_that_read_refuses(two, tmp_path, capsys):
+    from tfshards.cli import main
+
+    twice = {"a": two["a"], "again": two["a"]}
+    with pytest.raises(OptionsError, match=r"'a' and 'again' are the same split"):
+        tfshards.mix_exposure(twice, weights=[1, 1])  # was a report of 80 records
+    with pytest.raises(OptionsError, match=r"'a' and 'again' are the same split"):
+        tfshards.Pairs(twice, weights=[1, 1])
+    gray = _dataset(tmp_path / "gray", "b", 6, channels=1)
+    with pytest.raises(OptionsError, match=r"'a' and 'g' differ in image channels \(3 and 1\)"):
+        tfshards.Pairs({"a": two["a"], "g": gray}, weights=[1, 1])  # pairs of two kinds
+    command = ["inspect", f"a={two['a']}", f"b={two['b']}", "--weights", "1", "1"]
+    assert main([*command, "--exclude", "0"]) == 2  # was ignored without a word
+    assert "--exclude take one dataset" in capsys.readouterr().err
+    assert main([*command[:2], f"again={two['a']}", "--weights", "1", "1"]) == 2
+    assert "are the same split of one dataset" in capsys.readouterr().err
+
+
+def test_a_missing_dataset_or_split_and_a_too_short_mix_are_named(two, tmp_path):
+    from tfshards.errors import ManifestError
+
+    missing = {"a": two["a"], "gone": tmp_path / "nothing"}
+    other = {"a": two["a"], "v": tfshards.Source(two["b"], split="val")}
+    for sources, match in ((missing, r"dataset 'gone': .*nothing"), (other, "dataset 'v': ")):
+        with pytest.raises(ManifestError, match=match):  # was the bare path or split
+            tfshards.read(sources, weights=[1, 1])
+        with pytest.raises(ManifestError, match=match):
+            tfshards.mix_exposure(sources, weights=[1, 1])
+        with pytest.raises(ManifestError, match=match):
+            tfshards.Pairs(sources, weights=[1, 1])
+    with pytest.raises(OptionsError, match="dataset 'b': records="):
+        tfshards.mix_exposure({"a": two["a"], "b": tfshards.Source(two["b"], records=["x"])},
+                              weights=[1, 1])  # fmt: skip
+    with pytest.raises(OptionsError, match=r"the epoch of the datasets 'a', 'b' mixed"):
+        _mixed(two, weights=[1, 1], epoch_size=3, batch_size=8, drop_remainder=True)
+
+
+def test_odd_weights_and_arguments_are_refused_not_a_python_error(two):
+    for weights in ([10**400, 1], [True, 1], [1j, 1]):  # 10**400: was a TypeError
+        with pytest.raises(OptionsError, match="'a' must be a finite number >= 0"):
+            tfshards.mix_exposure(two, weights=weights)
+    with pytest.raises(OptionsError, match="a mapping {name: path or tfshards.Source}"):
+        tfshards.mix_exposure(two["a"], weights=[1])  # was an AttributeError
+    with pytest.raises(OptionsError, match=r"path must be a folder path or URL.*\(Source\)"):
+        tfshards.class_weights(tfshards.Source(two["a"], label_map={3: 1}))  # TypeError
+    with pytest.raises(OptionsError, match=r"exposure\(\) reads one dataset"):
+        tfshards.exposure(two, epoch_size=10)  # a TypeError from the path
+    with pytest.raises(OptionsError, match=r"path must be a folder path or URL.*\(Source\)"):
+        tfshards.exposure(tfshards.Source(two["a"]))
+
+
+def test_the_reports_columns_line_up_with_long_names(two):
+    long = {"cityscapes_fine": two["a"], "b": two["b"]}
+    text = tfshards.mix_exposure(long, weights=[0.5, 0.5], epoch_size=20).describe()
+    rows = text.splitlines()
+    header, first, second = rows[1], rows[2], rows[3]  # were shifted by the long name
+    assert len(header) == len(first) == len(second)
+    assert header.index("records") + 7 == first.index("10.0") + 4 == second.index("10.0") + 4
+    shares = rows[5:]
+    assert len({len(row) for row in shares}) == 1
+
+
+def test_mixed_pairs_prefetch_takes_indices_as_indexing_does(two):
+    pairs = tfshards.Pairs(two, weights=[1, 1])
+    pairs.prefetch([-1, -55, 0, 54])  # -1 was looked up in b as -41: an IndexError
+    with pytest.raises(IndexError, match="out of range for 55 pairs"):
+        pairs.prefetch([55])
+
+
+def test_inspect_takes_a_folder_whose_path_holds_an_equals_sign(two, tmp_path, capsys):
+    import shutil
+
+    from tfshards.cli import main
+
+    odd = tmp_path / "lr=0.1" / "shards"
+    shutil.copytree(two["b"], odd)
+    assert main(["inspect", f"a={two['a']}", str(odd), "--weights", "1", "1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)  # was read as dataset ".../lr", path "0.1/..."
+    assert [d["name"] for d in shown["datasets"]] == ["a", str(odd)]
+    assert main(["inspect", f"b={odd}", "--weights", "1"]) == 0
+
+
+def test_a_state_of_one_dataset_or_an_older_mix_is_refused_by_a_mix_saying_so(two):
+    identity = _mixed(two, seed=0)._tfshards_reader.identity
+    older = identity | {"sampling": "d703d2b2d287fea2", "epoch": 0, "records_done": 8}
+    with pytest.raises(ResumeError, match="not made by a mix of several datasets"):
+        list(_mixed(two, seed=0, start=ReadState(**older)))  # was: "a read of one dataset"
+
+
+def test_a_key_given_twice_in_records_is_named_as_a_key(two):
+    sources = {"a": two["a"], "b": tfshards.Source(two["b"], records=["000", "004", "000"])}
+    with pytest.raises(OptionsError, match=r"dataset 'b': records= names keys more than once "
+                       r"\(\['000'\]\)"):  # fmt: skip
+        tfshards.read(sources, weights=[1, 1])  # was "only 0s and 1s ... a mask of 0/1 integers?"
+
+
+@pytest.mark.parametrize("classes", [4.0, "4", 0, -1, True])
+def test_a_mixs_num_classes_is_checked_like_one_datasets(two, classes):
+    match = rf"num_classes must be an integer >= 1, got {re.escape(repr(classes))}"
+    with pytest.raises(OptionsError, match=match):  # 4.0 was read; "4" a NumPy error
+        tfshards.read(two, weights=[1, 1], num_classes=classes)
+    with pytest.raises(OptionsError, match=match):
+        tfshards.mix_exposure(two, weights=[1, 1], num_classes=classes)
+
+
+def test_a_dataset_of_weight_zero_does_not_lengthen_the_default_epoch(two):
+    weights = {"a": 1, "b": 0}
+    seen = _seen(_mixed(two, weights=weights, epoch_size=None, seed=0))
+    assert sorted(seen) == [(1, i) for i in range(SIZES["a"])]  # was 55: 15 of a twice
+    assert len(tfshards.Pairs(two, weights=weights, seed=0).epoch(0)) == SIZES["a"]
+    assert tfshards.mix_exposure(two, weights=weights).epoch_records == SIZES["a"]
+
+
+def test_an_edited_mix_state_is_refused_as_a_resume_error(two):
+    identity = _mixed(two, seed=0)._tfshards_reader.identity
+    edited = identity | {"sampling": "mix x weights", "epoch": 0, "records_done": 8}
+    with pytest.raises(ResumeError, match="another mix: the datasets"):  # was a ValueError
+        list(_mixed(two, seed=0, start=ReadState(**edited)))

@@ -11,6 +11,7 @@ more of it than this says.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,9 +90,14 @@ def exposure(
     >>> balanced = tfshards.ClassBalanced(exclude=[0])
     >>> print(tfshards.exposure("shards/", sampling=balanced).describe())  # doctest: +SKIP
     """
+    from tfshards.arguments import checked_path
+    from tfshards.errors import OptionsError
     from tfshards.readers.shards import split_shards
     from tfshards.sources.record_tables import split_table
 
+    if isinstance(path, Mapping):
+        raise OptionsError("exposure() reads one dataset; for several, tfshards.mix_exposure(...)")
+    checked_path("path", path)
     shards = split_shards(path, split, storage_options=storage_options)
     table = split_table(shards, storage_options=storage_options)
     if label_map is not None:  # as read() takes it, or resolved (readers/labels.py)

@@ -68,9 +68,17 @@ def info(
     """The dataset's class count (declared or inferred) and manifest; path may be a URL.
     With ``label_map`` (and ``num_classes``, as ``read`` takes them), the classes read
     through the map: its class count, and pixel counts merged or dropped by it."""
+    from tfshards.arguments import checked_path
+    from tfshards.readers.labels import check_one_dataset, manifest_classes
     from tfshards.readers.labels import label_map as resolved
-    from tfshards.readers.labels import manifest_classes
 
+    if isinstance(path, Mapping):
+        raise OptionsError(
+            "info() reads one dataset; for several, tfshards.mix_exposure(...) gives their "
+            "classes' shares and class_weights(...) their weights"
+        )
+    check_one_dataset(label_map, num_classes, None)
+    checked_path("path", path)  # a tfshards.Source alone, say, as read() refuses it
     manifest = Manifest.load(path, storage_options)
     classes, inferred = manifest_classes(manifest)
     if label_map is None:
@@ -109,9 +117,15 @@ def class_weights(
     if method not in WEIGHT_METHODS:
         raise OptionsError(f"method must be one of {', '.join(WEIGHT_METHODS)}; got {method!r}")
     if isinstance(path, Mapping):  # several datasets, as read() mixes them
+        from tfshards.readers.mixing import refuse_one_for_all
+
+        refuse_one_for_all({"records": records, "sampling": sampling, "label_map": label_map})
         return _mixed_weights(
             path, split, method, storage_options, weights, epoch_size, num_classes
         )
+    from tfshards.readers.labels import check_one_dataset
+
+    check_one_dataset(label_map, num_classes, weights)
     dataset = info(
         path, storage_options=storage_options, label_map=label_map, num_classes=num_classes
     )

@@ -59,20 +59,25 @@ class MixExposure:
         return {"epoch_records": self.epoch_records, "datasets": datasets, "classes": classes}
 
     def describe(self) -> str:
+        """The report as text; columns as wide as the longest name (paths, say)."""
+        wide = max(7, *(len(name) for name in self.names))
         lines = [
             f"one epoch of {self.epoch_records} records, {self.num_classes} shared classes:",
-            "dataset  records  share  pixels",
+            f"{'dataset':>{wide}}  records   share  pixels",
         ]
         pixels = self.pixels.sum(axis=1) / max(self.pixels.sum(), 1e-300)
         for k, name in enumerate(self.names):
             lines.append(
-                f"{name:>7}  {self.records[k]:7.1f}  {self.source_share[k]:5.1%}  {pixels[k]:6.1%}"
+                f"{name:>{wide}}  {self.records[k]:7.1f}  {self.source_share[k]:6.1%}  "
+                f"{pixels[k]:6.1%}"
             )
+        widths = [max(7, len(name)) for name in self.names]
         lines.append("class's share of the epoch's pixels and records, and its pixels from each:")
-        lines.append("class  pixels  records  " + "  ".join(f"{n:>7}" for n in self.names))
+        names = "  ".join(f"{n:>{w}}" for n, w in zip(self.names, widths, strict=True))
+        lines.append(f"class  pixels  records  {names}")
         for klass, share in enumerate(self.class_pixel_share):
             from_each = self.pixels[:, klass] / max(self.pixels[:, klass].sum(), 1e-300)
-            parts = "  ".join(f"{v:7.1%}" for v in from_each)
+            parts = "  ".join(f"{v:{w}.1%}" for v, w in zip(from_each, widths, strict=True))
             lines.append(
                 f"{klass:5d}  {share:6.1%}  {self.class_record_share[klass]:7.1%}  {parts}"
             )
@@ -95,27 +100,35 @@ def mix_exposure(
     >>> report = tfshards.mix_exposure({"a": "a/", "b": "b/"}, weights=[1, 1])  # doctest: +SKIP
     >>> print(report.describe())  # doctest: +SKIP
     """
-    from tfshards.arguments import checked_int
-    from tfshards.readers.mixing import mix_shares, resolved_maps, sources_of
-    from tfshards.readers.selection import EPOCH_BOUND, select
+    from tfshards.readers.mixing import (
+        check_distinct,
+        mix_epoch_size,
+        mix_shares,
+        naming,
+        resolved_maps,
+        sources_of,
+    )
+    from tfshards.readers.selection import select
     from tfshards.readers.shards import split_shards
     from tfshards.sources.record_tables import split_table
 
     given = sources_of(sources)
     shares = mix_shares(weights, list(given))
-    shards = {
-        name: split_shards(s.path, s.split or split, storage_options=storage_options)
-        for name, s in given.items()
-    }
+    shards = {}
+    for name, source in given.items():
+        with naming(name):
+            shards[name] = split_shards(
+                source.path, source.split or split, storage_options=storage_options
+            )
+    check_distinct(shards)
     maps = resolved_maps(given, {n: s.manifest for n, s in shards.items()}, num_classes)
     tables, selections = {}, {}
     for name, source in given.items():
         table = split_table(shards[name], storage_options=storage_options)
         tables[name] = table if maps[name] is None else maps[name].table(table)
-        selections[name] = select(tables[name], source.records, source.sampling, None)
-    size = sum(s.epoch_size for s in selections.values())
-    if epoch_size is not None:
-        size = checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)
+        with naming(name):  # its records= or sampling=
+            selections[name] = select(tables[name], source.records, source.sampling, None)
+    size = mix_epoch_size(epoch_size, list(selections.values()), shares)
     classes = max(t.num_classes for t in tables.values())
     pixels, holding = np.zeros((len(given), classes)), np.zeros((len(given), classes))
     for k, name in enumerate(given):

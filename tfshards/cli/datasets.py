@@ -231,9 +231,9 @@ def _print_mix(args: argparse.Namespace, options) -> int:
 
     if args.weights is None:
         raise OptionsError("inspect: several datasets need --weights, one per dataset")
-    if args.preview or args.sampling:
-        raise OptionsError("inspect: --preview and --sampling take one dataset")
-    sources = dict(d.split("=", 1) if "=" in d else (d, d) for d in args.dir)
+    if args.preview or args.sampling or args.exclude:
+        raise OptionsError("inspect: --preview, --sampling and --exclude take one dataset")
+    sources = dict(_named(d) for d in args.dir)
     if len(sources) != len(args.dir):
         raise OptionsError(f"inspect: a dataset is named twice in {args.dir}")
     report = mix_exposure(
@@ -250,6 +250,15 @@ def _print_mix(args: argparse.Namespace, options) -> int:
         return 0
     print(report.describe())
     return 0
+
+
+def _named(given: str) -> tuple[str, str]:
+    """``NAME=DIR`` as (NAME, DIR); a DIR alone (a path may hold "=": runs/lr=0.1/shards)
+    is its own name."""
+    name, sep, path = given.partition("=")
+    if sep and name and not any(c in name for c in "/\\:"):
+        return name, path
+    return given, given
 
 
 def _print_exposure(args: argparse.Namespace, options) -> None:

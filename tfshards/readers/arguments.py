@@ -161,7 +161,10 @@ def check_batches(plan) -> None:
         return
     records, size = plan.epoch_records, plan.batching.size
     split = f"split {plan.shards.split!r} of {plan.shards.root}"
-    if plan.selection is not None:
+    if plan.mix is not None:  # not the first dataset's: the mix's epoch
+        names = ", ".join(repr(part.name) for part in plan.mix.parts)
+        split = f"epoch of the datasets {names} mixed (epoch_size=)"
+    elif plan.selection is not None:
         split = f"epoch of {split} (records=, sampling=, epoch_size=)"
     index, count = plan.pipeline
     if count > 1 and plan.ordered:

@@ -91,6 +91,8 @@ def label_map(
     classes: keys within its classes, targets within the shared taxonomy
     (``num_classes``, default: the largest target + 1). ``ignore``: the shared ignore
     label (default: the dataset's, else DEFAULT_PAD_LABEL)."""
+    if num_classes is not None and (not _is_class(num_classes) or num_classes < 1):
+        raise OptionsError(f"num_classes must be an integer >= 1, got {num_classes!r}")
     classes = manifest_classes(manifest)[0]
     lookup = np.arange(MASK_VALUES, dtype=np.int64)
     for klass, target in _pairs(given, classes, where).items():
@@ -106,7 +108,7 @@ def label_map(
             f"label_map of {where}: it reads classes {outside} but the shared taxonomy has "
             f"{shared} classes (0..{shared - 1}); map them into it, or to None (ignored)"
         )
-    for klass in _classes("unannotated", unannotated, where):
+    for klass in given_classes("unannotated", unannotated, where):
         if klass >= shared:
             raise OptionsError(
                 f"unannotated of {where}: class {klass} is outside the shared taxonomy "
@@ -146,7 +148,8 @@ def _pairs(given: Any, classes: int, where: str) -> dict[int, int | None]:
     return {int(k): None if t is None else int(t) for k, t in pairs.items()}
 
 
-def _classes(name: str, values: Iterable[int], where: str) -> list[int]:
+def given_classes(name: str, values: Iterable[int], where: str) -> list[int]:
+    """A list of class indices (``unannotated``), checked."""
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise OptionsError(f"{name} of {where} is a list of shared classes, got {values!r}")
     values = list(values)
@@ -232,21 +235,25 @@ class MaskLabels:
         return out
 
 
+def check_one_dataset(given: Any, num_classes: Any, weights: Any) -> None:
+    """One dataset's ``label_map=``/``num_classes=``/``weights=`` (read, info, class_weights):
+    weights= belongs to several datasets, num_classes= to a map or several datasets."""
+    if weights is not None:
+        raise OptionsError("weights= mixes several datasets: pass path={name: path, ...}")
+    if given is None and num_classes is not None:
+        raise OptionsError(
+            "num_classes= is the shared taxonomy's size: it goes with label_map= or "
+            "several datasets; without them the dataset's own classes are read"
+        )
+
+
 def read_labels(shards: Any, a: dict[str, Any], unordered: str | None) -> LabelMap | None:
     """read()'s ``label_map=`` and ``num_classes=`` for one dataset, checked."""
     given, classes = a.get("label_map"), a.get("num_classes")
-    if a.get("weights") is not None:
-        raise OptionsError("weights= mixes several datasets: pass path={name: path, ...}")
+    check_one_dataset(given, classes, a.get("weights"))
     if given is None:
-        if classes is not None:
-            raise OptionsError(
-                "num_classes= is the shared taxonomy's size: it goes with label_map= or "
-                "several datasets; without them the dataset's own classes are read"
-            )
         return None
     if unordered is not None:
         raise OptionsError(f"label_map= needs a read by index, and this one cannot be: {unordered}")
-    if classes is not None and (not _is_class(classes) or classes < 1):
-        raise OptionsError(f"num_classes must be an integer >= 1, got {classes!r}")
     where = f"{shards.root} (split {shards.split})"
     return label_map(given, shards.manifest, where=where, num_classes=classes)

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from tfshards.arguments import checked_int
 from tfshards.errors import OptionsError
 from tfshards.readers.mixing import (
     Mix,
@@ -20,15 +19,19 @@ from tfshards.readers.mixing import (
     balanced_of,
     by_source,
     check_alike,
+    check_distinct,
     mix_digest,
+    mix_epoch_size,
     mix_shares,
+    naming,
+    refuse_one_for_all,
     resolved_maps,
     shared_labels,
     sources_of,
 )
 from tfshards.readers.plan import Batching, ReadPlan, mapped_finishing, plan_read
 from tfshards.readers.sampling import Selection
-from tfshards.readers.selection import EPOCH_BOUND, select
+from tfshards.readers.selection import select
 from tfshards.sources.pixel_batches import aligned_empty
 
 PER_SOURCE = ("records", "sampling", "label_map")
@@ -37,11 +40,7 @@ PER_SOURCE = ("records", "sampling", "label_map")
 def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     """The plan of ``read({name: path or Source}, weights=..., epoch_size=..., ...)``."""
     sources = sources_of(path)
-    for name in PER_SOURCE:
-        if a.get(name) is not None:
-            raise OptionsError(
-                f"{name}= with several datasets is given to each: tfshards.Source(path, {name}=...)"
-            )
+    refuse_one_for_all({name: a.get(name) for name in PER_SOURCE})
     if a.get("service") is not None:
         raise OptionsError("several datasets cannot be read through the tf.data service")
     if a.get("normalize"):  # each dataset's statistics are its own; one set is not defined
@@ -54,14 +53,11 @@ def plan_mix(path: Mapping, **a: Any) -> ReadPlan:
     plans = _source_plans(sources, a)
     manifests = {name: plan.shards.manifest for name, plan in plans.items()}
     check_alike(manifests)
-    _check_distinct(plans)
+    check_distinct({name: plan.shards for name, plan in plans.items()})
     maps = resolved_maps(sources, manifests, a.get("num_classes"))
     plans = _alike_shapes(plans, a)
     parts = tuple(_part(name, source, plans[name], maps[name]) for name, source in sources.items())
-    available = sum(part.plan.selection.epoch_size for part in parts)
-    size = available
-    if a.get("epoch_size") is not None:
-        size = checked_int("epoch_size", a["epoch_size"], low=1, high=EPOCH_BOUND)
+    size = mix_epoch_size(a.get("epoch_size"), [part.plan.selection for part in parts], shares)
     selection = _mixed_selection(parts, shares, size)
     mix = Mix(parts, shares, size, selection)
     first = parts[0].plan
@@ -111,26 +107,9 @@ def _source_plans(sources: Mapping[str, Source], a: dict[str, Any]) -> dict[str,
     plans = {}
     for name, source in sources.items():
         arguments = {**alone, "path": source.path, "split": source.split or a["split"]}
-        try:
+        with naming(name):
             plans[name] = plan_read(**arguments)
-        except OptionsError as exc:
-            raise OptionsError(f"dataset {name!r}: {exc}") from exc
     return plans
-
-
-def _check_distinct(plans: dict[str, ReadPlan]) -> None:
-    """One split given twice would share its cache entry and its records: refused."""
-    from tfshards.sources.shard_cache import shard_cache_key
-
-    seen: dict[tuple[str, str], str] = {}
-    for name, plan in plans.items():
-        key = (shard_cache_key(plan.shards.manifest), plan.shards.split)
-        if key in seen:
-            raise OptionsError(
-                f"datasets {seen[key]!r} and {name!r} are the same split of one dataset; "
-                "give it once (a larger weight shows it more often)"
-            )
-        seen[key] = name
 
 
 def _alike_shapes(plans: dict[str, ReadPlan], a: dict[str, Any]) -> dict[str, ReadPlan]:
@@ -225,14 +204,15 @@ def _joined_table(parts: tuple[Part, ...]):
 
 
 class MixedStore:
-    """One cache entry per source, addressed by global record index."""
+    """One cache entry per source, addressed by global record index (None for a source
+    of weight 0: never read, so never cached, and not waited for)."""
 
     def __init__(self, first: np.ndarray, stores: list[Any], rows: list[Any]) -> None:
         self.first, self.stores, self.rows = first, stores, rows
 
     @property
     def ready(self) -> bool:
-        return all(store.ready for store in self.stores)
+        return all(store.ready for store in self.stores if store is not None)
 
     def _rows(self, s: int, local: np.ndarray) -> np.ndarray:
         return local if self.rows[s] is None else self.rows[s][local]
@@ -267,7 +247,10 @@ def mixed_store(plan: ReadPlan) -> MixedStore | None:
 
     if plan.cache.kind == "none":
         return None
-    parts = plan.mix.parts
-    stores = [pair_store(part.plan) for part in parts]
+    parts, shares = plan.mix.parts, plan.mix.shares
+    stores = [
+        pair_store(part.plan) if share > 0 else None
+        for part, share in zip(parts, shares, strict=True)
+    ]
     rows = [store_rows(part.plan.selection) for part in parts]
     return MixedStore(plan.mix.offsets, stores, rows)

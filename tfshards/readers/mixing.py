@@ -19,21 +19,24 @@ The sources are one virtual split: source ``s`` holds global records ``offsets[s
 
 Masks are read through each source's label map (labels.py) into one taxonomy; the
 tables, the counts of ``info``/``class_weights`` and class-balanced draws are in it.
-The disk cache is one entry per source, the one a read of that source alone would use.
+The disk cache is one entry per source of weight above zero, the one a read of that
+source alone would use.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from tfshards.errors import OptionsError
+from tfshards.errors import ManifestError, OptionsError
 from tfshards.readers.labels import LabelMap, MaskLabels, label_map
 from tfshards.readers.order import EpochOrder
 from tfshards.readers.sampling import (
@@ -73,6 +76,11 @@ class Source:
 
 def sources_of(given: Mapping) -> dict[str, Source]:
     """read()'s mapping {name: path or Source}, checked."""
+    if not isinstance(given, Mapping):
+        raise OptionsError(
+            f"several datasets are a mapping {{name: path or tfshards.Source}}, got "
+            f"{type(given).__name__}"
+        )
     if not given:
         raise OptionsError("read() was given an empty mapping of datasets: name at least one")
     out = {}
@@ -88,6 +96,26 @@ def sources_of(given: Mapping) -> dict[str, Source]:
             )
         out[name] = value
     return out
+
+
+@contextmanager
+def naming(name: str) -> Iterator[None]:
+    """Errors of one source (its options, a missing or unfinished dataset or split) named
+    by the source, as several paths make a bare one hard to place."""
+    try:
+        yield
+    except (OptionsError, ManifestError) as exc:
+        raise type(exc)(f"dataset {name!r}: {exc}") from exc
+
+
+def refuse_one_for_all(given: Mapping[str, Any]) -> None:
+    """``records=``, ``sampling=``, ``label_map=`` given once for several datasets (read,
+    class_weights): refused, as each dataset takes its own."""
+    for name, value in given.items():
+        if value is not None:
+            raise OptionsError(
+                f"{name}= with several datasets is given to each: tfshards.Source(path, {name}=...)"
+            )
 
 
 def mix_shares(weights: Any, names: list[str]) -> np.ndarray:
@@ -125,16 +153,34 @@ def mix_shares(weights: Any, names: list[str]) -> np.ndarray:
 
 
 def _shares(values: list[Any], names: list[str]) -> np.ndarray:
+    floats = []
     for name, value in zip(names, values, strict=True):
         number = isinstance(value, int | float | np.integer | np.floating)
-        if not number or isinstance(value, bool) or not np.isfinite(value) or value < 0:
+        try:  # an int beyond a float's range (10**400) overflows
+            as_float = float(value) if number and not isinstance(value, bool) else math.nan
+        except OverflowError:
+            as_float = math.inf
+        if not math.isfinite(as_float) or as_float < 0:
             raise OptionsError(
                 f"weights= of dataset {name!r} must be a finite number >= 0, got {value!r}"
             )
-    shares = np.asarray(values, np.float64)
+        floats.append(as_float)
+    shares = np.asarray(floats, np.float64)
     if not shares.any():
         raise OptionsError(f"weights= are all zero ({dict(zip(names, values, strict=True))})")
+    shares = shares / shares.max()  # weights near the float maximum sum to inf otherwise
     return shares / shares.sum()
+
+
+def mix_epoch_size(epoch_size: Any, selections: Sequence[Selection], shares: np.ndarray) -> int:
+    """Records per epoch of a mix: ``epoch_size=``, else those of its sources of weight
+    above zero (a dataset switched off by weight 0 does not lengthen the epoch)."""
+    if epoch_size is not None:
+        from tfshards.arguments import checked_int
+        from tfshards.readers.selection import EPOCH_BOUND
+
+        return checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)
+    return sum(s.epoch_size for s, share in zip(selections, shares, strict=True) if share > 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -331,17 +377,57 @@ def _source_seed(seed: int, source: int) -> int:
 
 
 def mix_digest(parts: Sequence[Part], shares: np.ndarray, epoch_size: int) -> str:
-    """What decides a mix's epochs (a resume state must match it): each source's
-    dataset, split, shard groups, selection and map, the shares and the epoch size."""
-    digest = hashlib.sha256(f"mix {epoch_size} {shares.tobytes().hex()}".encode())
-    for part in parts:
-        plan = part.plan
-        selection = plan.selection.digest or f"all {plan.shards.records}"
-        mapped = part.labels.describe() if part.labels is not None else "-"
-        key = shard_cache_key(plan.shards.manifest)
-        order = f"{plan.shards.split}|{plan.group_shards}"  # its shard groups order it
-        digest.update(f"|{part.name}|{key}|{order}|{selection}|{mapped}".encode())
-    return digest.hexdigest()[:16]
+    """What decides a mix's epochs (a resume state must match it), one short digest per
+    kind of argument, so a refused state can name the one that differs (mix_difference)."""
+    datasets, weights, selections, maps = [], [], [], []  # the last three by name, sorted:
+    for part, share in zip(parts, shares.tolist(), strict=True):  # reordering is one change
+        plan, name = part.plan, part.name
+        key = shard_cache_key(plan.shards.manifest)  # its shard groups order it
+        datasets.append(f"{name}|{key}|{plan.shards.split}|{plan.group_shards}")
+        weights.append(f"{name}|{share.hex()}")
+        selections.append(f"{name}|{plan.selection.digest or plan.shards.records}")
+        maps.append(f"{name}|{part.labels.describe() if part.labels is not None else '-'}")
+    described = {
+        "datasets": _short(datasets),
+        "weights": _short(sorted(weights)),
+        "epoch_size": str(epoch_size),
+        "records/sampling": _short(sorted(selections)),
+        "label_maps": _short(sorted(maps)),
+    }
+    return "mix " + " ".join(f"{kind}={value}" for kind, value in described.items())
+
+
+def _short(texts: Sequence[str]) -> str:
+    return hashlib.sha256("|".join(texts).encode()).hexdigest()[:8]
+
+
+MIX_ARGUMENTS = {
+    "datasets": "the datasets (their names, order, shards or splits)",
+    "weights": "weights=",
+    "epoch_size": "epoch_size=",
+    "records/sampling": "a dataset's records= or sampling=",
+    "label_maps": "a dataset's label_map or unannotated (or num_classes=)",
+}
+
+
+def mix_difference(saved: str, here: str) -> str | None:
+    """Why a resume state's mix digest (``saved``) is not this read's (``here``), in words;
+    None when neither is a mix's."""
+    mixes = [digest.startswith("mix ") for digest in (saved, here)]
+    if not any(mixes):
+        return None
+    if not all(mixes):
+        if mixes[0]:
+            return "the saved state was made by a read of several datasets, this read reads one"
+        return (  # a mix's state of an earlier tfshards carried one digest, without "mix"
+            "the saved state was not made by a mix of several datasets (but by a read of "
+            "one, or by a mix under an earlier tfshards), and this read mixes several"
+        )
+    ours, theirs = (  # a part without "=" (an edited state) differs from every part
+        dict(p.partition("=")[::2] for p in d.split()[1:]) for d in (saved, here)
+    )
+    differ = [what for kind, what in MIX_ARGUMENTS.items() if ours.get(kind) != theirs.get(kind)]
+    return f"the saved state was made with another mix: {', '.join(differ) or 'its digest'} differ"
 
 
 def shared_labels(parts: Sequence[Part]) -> MaskLabels | None:
@@ -358,10 +444,13 @@ def resolved_maps(
 ) -> dict[str, LabelMap | None]:
     """Each source's label map in one taxonomy: ``num_classes``, else the largest any
     source reads + 1. None for every source when none is mapped and their classes agree."""
-    from tfshards.readers.labels import manifest_classes
+    from tfshards.readers.labels import given_classes, manifest_classes
 
     ignore = _one_ignore_label(manifests)
-    mapped = any(s.label_map is not None or list(s.unannotated) for s in sources.values())
+    mapped = any(
+        s.label_map is not None or given_classes("unannotated", s.unannotated, f"dataset {n!r}")
+        for n, s in sources.items()
+    )
     classes = {name: manifest_classes(m)[0] for name, m in manifests.items()}
     if not mapped and num_classes is None and len(set(classes.values())) == 1:
         return dict.fromkeys(sources)
@@ -396,6 +485,20 @@ def _one_ignore_label(manifests: Mapping[str, Any]) -> int | None:
                 "with the other's --ignore-label"
             )
     return label
+
+
+def check_distinct(shards: Mapping[str, Any]) -> None:
+    """Sources' splits (SplitShards): one split given twice would share its cache entry
+    and its records, so it is refused (read, Pairs and the report alike)."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, split in shards.items():
+        key = (shard_cache_key(split.manifest), split.split)
+        if key in seen:
+            raise OptionsError(
+                f"datasets {seen[key]!r} and {name!r} are the same split of one dataset; "
+                "give it once (a larger weight shows it more often)"
+            )
+        seen[key] = name
 
 
 def check_alike(manifests: Mapping[str, Any]) -> None:

@@ -134,6 +134,12 @@ def state_at(identity: dict, schedule: BatchSchedule, step: int) -> ReadState:
 
 def step_of(state: ReadState, identity: dict, schedule: BatchSchedule) -> int:
     """The step a read with ``identity`` resumes ``state`` at; refuses what does not fit."""
+    from tfshards.readers.mixing import mix_difference
+
+    if state.sampling != identity["sampling"]:  # another mix: say which argument differs
+        difference = mix_difference(state.sampling, identity["sampling"])
+        if difference is not None:
+            raise ResumeError(f"{difference}; resume with the same datasets and read options")
     for name in ORDER_FIELDS + ("drop_remainder",):
         saved, here = getattr(state, name), identity[name]
         if saved != here:

@@ -34,6 +34,13 @@ def subset_indices(
     indices) as sorted, distinct record indices; ``positions`` finds keys (the table's)."""
     values = _values(records)
     if values.size and values.dtype.kind in "USO":
+        keys, counts = np.unique(values.astype(str), return_counts=True)
+        if (counts > 1).any():  # named by key: their indices would mean nothing to a user
+            raise OptionsError(
+                f"records= names keys more than once ({keys[counts > 1][:5].tolist()}); a "
+                "subset holds each record once: to show records more often, pass sampling= "
+                "weights"
+            )
         try:
             indices = positions([str(v) for v in values])
         except RecordTableError as exc:

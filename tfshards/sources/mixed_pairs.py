@@ -15,12 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from tfshards.arguments import checked_int
 from tfshards.errors import OptionsError
-from tfshards.readers.mixing import MixOrder, mix_order, mix_shares, resolved_maps, sources_of
+from tfshards.readers.mixing import (
+    MixOrder,
+    check_alike,
+    check_distinct,
+    mix_epoch_size,
+    mix_order,
+    mix_shares,
+    naming,
+    resolved_maps,
+    sources_of,
+)
 from tfshards.readers.order import group_shards
 from tfshards.readers.sampling import Selection
-from tfshards.readers.selection import EPOCH_BOUND, select
+from tfshards.readers.selection import select
 from tfshards.sources.pairs import Pairs, _index
 
 
@@ -50,11 +59,14 @@ class MixedPairs(Pairs):
         sources = sources_of(path)
         self.names = list(sources)
         self.shares = mix_shares(weights, self.names)
-        self.parts = [
-            Pairs(s.path, s.split or split, transform=None, with_keys=True, options=options)
-            for s in sources.values()
-        ]
+        self.parts = []
+        for name, s in sources.items():
+            with naming(name):
+                pairs = Pairs(s.path, s.split or split, with_keys=True, options=options)
+            self.parts.append(pairs)
         manifests = dict(zip(self.names, (p.manifest for p in self.parts), strict=True))
+        check_alike(manifests)  # as read() refuses them: pairs of one kind
+        check_distinct(dict(zip(self.names, (p.records.shards for p in self.parts), strict=True)))
         maps = resolved_maps(sources, manifests, None)
         for part, name in zip(self.parts, self.names, strict=True):
             part.labels = maps[name]
@@ -64,9 +76,7 @@ class MixedPairs(Pairs):
             _selection(part, source, name)
             for part, source, name in zip(self.parts, sources.values(), self.names, strict=True)
         ]
-        size = sum(s.epoch_size for s in selections)
-        if epoch_size is not None:
-            size = checked_int("epoch_size", epoch_size, low=1, high=EPOCH_BOUND)
+        size = mix_epoch_size(epoch_size, selections, self.shares)
         self.order = _order(self.parts, selections, self.shares, size, seed, shuffle, options)
         self.first = np.concatenate([[0], np.cumsum([len(p.records) for p in self.parts])])
 
@@ -104,7 +114,8 @@ class MixedPairs(Pairs):
 
     def prefetch(self, indices: Sequence[int]) -> None:
         for index in indices:
-            s = int(np.searchsorted(self.first, self.record_index(index), side="right") - 1)
+            index = self.record_index(index)  # a negative one counts from the end
+            s = int(np.searchsorted(self.first, index, side="right") - 1)
             self.parts[s].prefetch([index - int(self.first[s])])
 
     def close(self) -> None:
