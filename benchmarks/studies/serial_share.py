@@ -3,8 +3,10 @@
 Decision: the measure behind docs/larger-than-ram.md's "On a machine with many cores"
 (issue 44 point 4): how far a read can grow with cores when only one thread at a time
 runs Python.
-Run: 2026-12-07. Recorded result: see benchmarks/README.md, "Serial share of a read".
-Raw output: benchmarks/README.md of that date.
+Run: 2026-12-07. Recorded result: the default read (deflate, float32, streamed) 0.15 at
+256x256 and 0.07 at 512x512; raw and cached reads 0.14-0.40 (the most at 256x256 raw).
+Raw output: results/serial_share.md here; table in benchmarks/README.md, "Serial share
+of a read".
 
     python benchmarks/studies/serial_share.py [--pairs-256 1500] [--pairs-512 400]
 
