@@ -727,3 +727,19 @@ def test_the_cli_converts_by_tiles(tmp_path, capsys):
     assert "tiles: records are 32x32 tiles of the source images, overlap 8" in (
         capsys.readouterr().out
     )
+
+
+def test_the_stitcher_never_overwrites_a_file_it_was_not_told_to(tmp_path):
+    """out= naming an existing file (perhaps the source itself) is refused before any tile;
+    with overwrite=True the old file stays whole until finish() replaces it."""
+    target = tmp_path / "scene.npy"
+    np.save(target, np.arange(12, dtype=np.int64).reshape(3, 4))
+    with pytest.raises(OptionsError, match=r"scene.npy exists; pass overwrite=True"):
+        tfshards.Stitcher(3, 4, classes=2, out=target)
+    assert np.array_equal(np.load(target), np.arange(12).reshape(3, 4))
+    stitcher = tfshards.Stitcher(3, 4, classes=2, out=target, overwrite=True)
+    stitcher.add(Window(0, 0, 3, 4), np.ones((3, 4), np.uint8))
+    assert np.array_equal(np.load(target), np.arange(12).reshape(3, 4))  # not yet replaced
+    assert np.array_equal(stitcher.finish(), np.ones((3, 4), np.uint8))
+    assert np.array_equal(np.load(target), np.ones((3, 4), np.uint8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scene.npy"]

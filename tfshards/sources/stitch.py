@@ -46,7 +46,8 @@ class Stitcher:
     >>> labels = stitcher.finish()  # uint8 [700, 1000], a memmap of pred.npy  # doctest: +SKIP
 
     ``out``: a ``.npy`` file to write (``np.load(out, mmap_mode="r")`` opens it later);
-    None: an unnamed temporary file, mapped while the returned array lives.
+    None: an unnamed temporary file, mapped while the returned array lives. An existing
+    ``out`` is replaced only with ``overwrite=True``; it appears whole at ``finish()``.
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class Stitcher:
         out: str | os.PathLike | None = None,
         blend: str = "mean",
         output: str = "labels",
+        overwrite: bool = False,
     ) -> None:
         self.height = checked_int("height", height, low=1)
         self.width = checked_int("width", width, low=1)
@@ -66,7 +68,7 @@ class Stitcher:
             if value not in valid:
                 raise OptionsError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
         self.blend, self.output = blend, output
-        self.out = None if out is None else _checked_out(Path(out))
+        self.out = None if out is None else _checked_out(Path(out), overwrite)
         folder = self.out.parent if self.out is not None else None
         self._sums = _scratch((self.height, self.width, self.classes), folder)
         self._weights = _scratch((self.height, self.width), folder)
@@ -134,6 +136,8 @@ class Stitcher:
             weights, sums = self._weights[rows], self._sums[rows]
             result[rows] = sums.argmax(axis=2) if labels else sums / weights[:, :, None]
         result.flush()
+        if self.out is not None:
+            os.replace(result.filename, self.out)  # the mapping follows the file
         self._sums = self._weights = None  # unmapped: their files are gone already
         return result
 
@@ -147,13 +151,15 @@ class Stitcher:
                 )
 
 
-def _checked_out(out: Path) -> Path:
+def _checked_out(out: Path, overwrite: bool) -> Path:
     """``out`` as given, if a file can be written there (refused now, not after every
-    tile was added)."""
+    tile was added); an existing file only with ``overwrite`` (it may be the user's)."""
     if out.is_dir():
         raise OptionsError(f"out must be a .npy file to write, got the folder {out}")
     if not out.parent.is_dir():
         raise OptionsError(f"out: the folder {out.parent} does not exist; create it first")
+    if out.exists() and not overwrite:
+        raise OptionsError(f"out: {out} exists; pass overwrite=True to replace it")
     return out
 
 
@@ -164,8 +170,11 @@ def _scratch(shape: tuple[int, ...], folder: Path | None) -> np.ndarray:
 
 
 def _output(out: Path | None, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A memmap to write the result into: a hidden file beside ``out`` that ``_publish``
+    renames, so an interrupted finish never leaves a complete-looking ``out``."""
     if out is not None:
-        return np.lib.format.open_memmap(out, "w+", dtype, shape)
+        partial = out.with_name(f".tfshards-stitched-{os.getpid()}-{out.name}")
+        return np.lib.format.open_memmap(partial, "w+", dtype, shape)
     with tempfile.NamedTemporaryFile(prefix=".tfshards-stitched-") as handle:
         return np.memmap(handle.name, dtype, "w+", shape=shape)
 
