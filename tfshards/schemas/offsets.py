@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tfshards.direct_reads import read_span, unbuffered
 from tfshards.schemas.format import index_path
 from tfshards.schemas.tfrecord import RecordError, crc32c_at, mask_crc, masked_crc32c
 
@@ -180,6 +181,13 @@ def read_record(fd: int, start: int, length: int, where: str) -> bytes:
     two small system calls."""
     start, length = int(start), int(length)
     size = length - HEADER_BYTES - FOOTER_BYTES
+    if unbuffered(fd):  # one aligned read of the whole record (direct_reads.py)
+        span = read_span(fd, start, length)
+        data = bytes(span[HEADER_BYTES : HEADER_BYTES + max(size, 0)])
+        footer = bytes(span[HEADER_BYTES + size : length]) if size >= 0 else b""
+        crc = masked_crc32c(data)
+        _check_frame(bytes(span[:HEADER_BYTES]), footer, len(span), length, crc, where)
+        return data
     header = os.pread(fd, HEADER_BYTES, start)
     data = os.pread(fd, size, start + HEADER_BYTES) if size > 0 else b""
     footer = os.pread(fd, FOOTER_BYTES, start + HEADER_BYTES + size)
@@ -197,12 +205,30 @@ def read_record_into(
     no copy.
 
     Only where ``tfrecord.crc32c_at()`` is not None (the caller checks)."""
-    header, footer = np.empty(HEADER_BYTES, np.uint8), np.empty(FOOTER_BYTES, np.uint8)
-    got = os.preadv(fd, [header, *parts, footer], start)
+    if unbuffered(fd):
+        header, footer, got = _copied_from_span(fd, start, length, where, parts)
+    else:
+        header, footer = np.empty(HEADER_BYTES, np.uint8), np.empty(FOOTER_BYTES, np.uint8)
+        got = os.preadv(fd, [header, *parts, footer], start)
     crc, extend = 0, crc32c_at()
     for part in parts:
         crc = extend(crc, part.ctypes.data, part.nbytes)
     _check_frame(header.tobytes(), footer.tobytes(), got, length, mask_crc(crc), where)
+
+
+def _copied_from_span(
+    fd: int, start: int, length: int, where: str, parts: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """An unbuffered read of a whole record, its data copied into ``parts``: its header,
+    footer and the bytes read (a truncated record raises here, before any copy)."""
+    span = np.frombuffer(read_span(fd, start, length), np.uint8)
+    if len(span) != length or length < HEADER_BYTES + FOOTER_BYTES:
+        raise RecordError(f"{where}: truncated ({len(span)} of {length} bytes)")
+    at = HEADER_BYTES
+    for part in parts:
+        np.copyto(part, span[at : at + part.nbytes])
+        at += part.nbytes
+    return span[:HEADER_BYTES], span[length - FOOTER_BYTES :], len(span)
 
 
 def _check_frame(

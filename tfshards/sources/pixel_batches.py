@@ -46,11 +46,11 @@ class PairDecodeError(TfshardsError, ValueError):
     """A record's bytes are intact (CRCs match) but its pair does not decode."""
 
 
-def aligned_empty(shape: tuple[int, ...]) -> np.ndarray:
-    """An uninitialised uint8 array whose data starts at a multiple of ``ALIGNMENT``."""
+def aligned_empty(shape: tuple[int, ...], alignment: int = ALIGNMENT) -> np.ndarray:
+    """An uninitialised uint8 array whose data starts at a multiple of ``alignment``."""
     size = int(np.prod(shape))
-    buffer = np.empty(size + ALIGNMENT, np.uint8)
-    skip = -buffer.ctypes.data % ALIGNMENT
+    buffer = np.empty(size + alignment, np.uint8)
+    skip = -buffer.ctypes.data % alignment
     return buffer[skip : skip + size].reshape(shape)
 
 

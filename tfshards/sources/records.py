@@ -46,6 +46,13 @@ from pathlib import Path
 import numpy as np
 
 from tfshards import storage
+from tfshards.direct_reads import (
+    READS_IN_FLIGHT,
+    in_flight,
+    open_unbuffered,
+    pays_to_read_direct,
+    unbuffered,
+)
 from tfshards.errors import DatasetChangedError, ManifestError, OptionsError
 from tfshards.readers.memory_limits import outgrows_page_cache
 from tfshards.readers.shards import SplitShards
@@ -114,7 +121,11 @@ class SplitRecords:
         self.inflated_folder = inflated_folder or default_inflated_folder()
         counts = [shard.records for shard in shards.shards]
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.ask_ahead = outgrows_page_cache(sum(shard.bytes for shard in shards.shards))
+        split_bytes = sum(shard.bytes for shard in shards.shards)
+        self.ask_ahead = outgrows_page_cache(split_bytes)
+        # Each record read once an epoch from the disk: past the page cache, when its
+        # records are large enough for whole aligned blocks to cost little (direct_reads.py).
+        self.reads_direct = self.ask_ahead and pays_to_read_direct(split_bytes, sum(counts))
         self.downloads: Downloads | None = None
         self.open_files = OPEN_FILES
         if shards.remote:
@@ -203,9 +214,16 @@ class SplitRecords:
         order allows."""
         shard_numbers, locals_ = self.locate(np.asarray(indices, np.int64))
         order = np.lexsort((locals_, shard_numbers))
-        starts = np.flatnonzero(np.diff(shard_numbers[order], prepend=-1))
-        for run in np.split(order, starts[1:]):
-            self._read_run(int(shard_numbers[run[0]]), run, locals_[run], read_one)
+
+        def read_runs(part: np.ndarray) -> None:
+            starts = np.flatnonzero(np.diff(shard_numbers[part], prepend=-1))
+            for run in np.split(part, starts[1:]):
+                self._read_run(int(shard_numbers[run[0]]), run, locals_[run], read_one)
+
+        if self.reads_direct and len(order) > 1:  # no read-ahead: several reads at once
+            in_flight(read_runs, np.array_split(order, min(READS_IN_FLIGHT, len(order))))
+        else:
+            read_runs(order)
 
     def _read_run(
         self, number: int, run: np.ndarray, locals_: np.ndarray, read_one: ReadOne
@@ -215,7 +233,7 @@ class SplitRecords:
         for attempt in (1, 2):
             fd, offsets = self._open(number)  # in use until done: never closed under us
             try:
-                if self.ask_ahead:
+                if self.ask_ahead and not unbuffered(fd):
                     _ask_for_records(fd, offsets, locals_)
                 for position, local in zip(run.tolist(), locals_.tolist(), strict=True):
                     where = f"{self.shards.paths[number]}: record {local}"
@@ -344,7 +362,8 @@ class SplitRecords:
     def _open_checked(self, number: int) -> int:
         path = self._local_copy(number, mark=True)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_unbuffered(path) if self.reads_direct else None
+            fd = os.open(path, os.O_RDONLY) if fd is None else fd
         except FileNotFoundError:
             raise dataset_changed(path, "it is gone") from None
         if path is self.shards.paths[number] and _identity(os.fstat(fd)) != self.identities[number]:

@@ -44,6 +44,15 @@ from pathlib import Path
 
 import numpy as np
 
+from tfshards.direct_reads import ALIGNMENT as DIRECT_ALIGNMENT
+from tfshards.direct_reads import (
+    READS_IN_FLIGHT,
+    in_flight,
+    open_unbuffered,
+    pays_to_read_direct,
+    read_into,
+    unbuffered,
+)
 from tfshards.errors import TfshardsError
 from tfshards.readers.cache.entry import DiskCache, publishing, wait_for_publishing
 from tfshards.readers.memory_limits import outgrows_page_cache, usable_memory
@@ -179,42 +188,51 @@ class PairStore(EntryFiles):
         self._checksums: np.ndarray | None = None  # each pair's CRC (disk): checked on read
         self._discarded = False  # the damaged entry was removed (see _discard)
         self.ready = False
-        self._ask_ahead = cache is not None and outgrows_page_cache(sum(flat_sizes(records, shape)))
+        entry_bytes = sum(flat_sizes(records, shape))
+        self._ask_ahead = cache is not None and outgrows_page_cache(entry_bytes)
+        self._reads_direct = self._ask_ahead and pays_to_read_direct(entry_bytes, records)
         if cache is not None and flat_ready(cache.ready, records, shape):
             self._checksums = _checksums_of(cache.ready, records)
-            self._published = _opened_for_reading(cache.ready)
+            self._published = _opened_for_reading(cache.ready, unbuffered=self._reads_direct)
             self.ready = True
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pairs at ``indices`` (the store must be ready)."""
         height, width, channels = self.shape
         order = np.argsort(indices, kind="stable")  # ascending offsets: sequential reads
-        out = (
-            aligned_empty((len(indices), height, width, channels)),
-            aligned_empty((len(indices), height, width, 1)),
+        out = (  # rows of a direct read's alignment are read into in place (direct_reads.py)
+            aligned_empty((len(indices), height, width, channels), DIRECT_ALIGNMENT),
+            aligned_empty((len(indices), height, width, 1), DIRECT_ALIGNMENT),
         )
         if self._published is None:  # RAM: one copy per row (fancy indexing copies twice)
             for source, rows in zip(self._arrays, out, strict=True):
                 for position in order:
                     rows[position] = source[indices[position]]
             return out
-        if self._ask_ahead:
+        if self._ask_ahead and not unbuffered(self._published[0]):
             for fd, rows in zip(self._published, out, strict=True):
                 _ask_for_rows(fd, indices[order], rows[0].nbytes)
         (images_fd, masks_fd), (images, masks) = self._published, out
         image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
         wrong, crc = [], checksum_of(images, masks)
-        # Each pair is checked as soon as it is read, from the CPU's cache; a batch is
-        # larger than that cache, so checked after the batch, it is read from memory again.
-        for position in order.tolist():
-            index = int(indices[position])
-            image, mask = images[position], masks[position]
-            _read_row(images_fd, image, index * image_bytes, FLAT_FILES[0])
-            _read_row(masks_fd, mask, index * mask_bytes, FLAT_FILES[1])
-            if _CHECKED and crc(position, index) != self._checksums[index]:
-                wrong.append(index)
+
+        def read_rows(positions: np.ndarray) -> None:
+            # Each pair is checked as soon as it is read, from the CPU's cache; a batch is
+            # larger than that cache: checked after the batch, it is read from memory again.
+            for position in positions.tolist():
+                index = int(indices[position])
+                image, mask = images[position], masks[position]
+                _read_row(images_fd, image, index * image_bytes, FLAT_FILES[0])
+                _read_row(masks_fd, mask, index * mask_bytes, FLAT_FILES[1])
+                if _CHECKED and crc(position, index) != self._checksums[index]:
+                    wrong.append(index)
+
+        if unbuffered(images_fd) and len(order) > 1:  # no read-ahead: several reads at once
+            in_flight(read_rows, np.array_split(order, min(READS_IN_FLIGHT, len(order))))
+        else:
+            read_rows(order)
         if wrong:
-            self._damaged(wrong)
+            self._damaged(sorted(wrong))
         return out
 
     def _damaged(self, wrong: list[int]) -> None:
@@ -282,7 +300,9 @@ class PairStore(EntryFiles):
         folder, flusher = self._folder, self._flusher
         files = [*self._files, _written_whole(folder / CHECKSUM_FILE, self._checksums)]
         self._folder = self._files = self._flusher = None  # the publisher's from here
-        self._published = _opened_for_reading(folder)  # read on from the page cache
+        # Read on from the page cache; an entry larger than it, written behind as it
+        # was built, from the disk (the kernel writes any dirty rest before a direct read).
+        self._published = _opened_for_reading(folder, unbuffered=self._reads_direct)
         self._written = None
         self.ready = True
         self._publisher = Publisher(folder, files, flusher, self.cache)
@@ -452,12 +472,16 @@ def _checksums_of(folder: Path, records: int) -> np.ndarray:
     return checksums
 
 
-def _opened_for_reading(folder: Path) -> list[int]:
-    """The ready files, opened for reads of single pairs (no read-ahead past them)."""
+def _opened_for_reading(folder: Path, *, unbuffered: bool) -> list[int]:
+    """The ready files, opened for reads of single pairs (no read-ahead past them); past
+    the page cache when ``unbuffered`` (an entry read from the disk each epoch) and the
+    file system allows (direct_reads.py)."""
     descriptors = []
     for name in FLAT_FILES:
-        fd = os.open(folder / name, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        fd = open_unbuffered(folder / name) if unbuffered else None
+        if fd is None:
+            fd = os.open(folder / name, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         descriptors.append(fd)
     return descriptors
 
@@ -473,17 +497,13 @@ def _ask_for_rows(fd: int, indices: np.ndarray, size: int) -> None:
 
 def _read_row(fd: int, row: np.ndarray, offset: int, name: str) -> None:
     """One pair's bytes of a ready file into ``row``; the file was checked to be whole."""
-    view = memoryview(row).cast("B")
-    done = 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise OSError(
-                f"disk cache file {name} ended at byte {offset + done}, before the pair it "
-                "holds there: it was truncated after it was published; run `tfshards cache "
-                "clear` on the dataset and read again"
-            )
-        done += got
+    got = read_into(fd, row, offset)
+    if got < row.nbytes:
+        raise OSError(
+            f"disk cache file {name} ended at byte {offset + got}, before the pair it "
+            "holds there: it was truncated after it was published; run `tfshards cache "
+            "clear` on the dataset and read again"
+        )
 
 
 def flat_ready(folder: Path, records: int, shape: tuple[int, int, int]) -> bool:

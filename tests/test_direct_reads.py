@@ -1,0 +1,285 @@
+"""Reads past the page cache (direct_reads.py): the same bytes as buffered reads, from any
+offset and length, the end of a file, records checked as before, and reads in flight."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_pairs
+
+import tfshards
+from tfshards import direct_reads
+from tfshards.direct_reads import ALIGNMENT, in_flight, open_unbuffered, read_into, read_span
+from tfshards.schemas.offsets import read_record, read_record_into, scan_offsets
+from tfshards.schemas.tfrecord import RecordError
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this system")
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> tuple[Path, bytes]:
+    payload = np.random.default_rng(0).integers(0, 256, 5 * ALIGNMENT + 123, np.uint8).tobytes()
+    path = tmp_path / "blob"
+    path.write_bytes(payload)
+    return path, payload
+
+
+@pytest.fixture
+def unbuffered_fd(data_file):
+    fd = open_unbuffered(data_file[0])
+    assert fd is not None, (
+        "tmp_path's file system refuses O_DIRECT: these tests need one that takes it"
+    )
+    assert direct_reads.unbuffered(fd)
+    yield fd
+    os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("start", "length"),
+    [
+        (0, 10),
+        (1, ALIGNMENT),
+        (ALIGNMENT - 3, 7),
+        (100, 3 * ALIGNMENT + 5),
+        (0, 5 * ALIGNMENT + 123),
+    ],
+)
+def test_a_span_anywhere_is_the_files_bytes(data_file, unbuffered_fd, start, length) -> None:
+    _, payload = data_file
+    assert bytes(read_span(unbuffered_fd, start, length)) == payload[start : start + length]
+
+
+def test_a_span_past_the_end_is_cut_where_the_file_ends(data_file, unbuffered_fd) -> None:
+    _, payload = data_file
+    end = len(payload)
+    assert bytes(read_span(unbuffered_fd, end - 50, 500)) == payload[-50:]
+    assert bytes(read_span(unbuffered_fd, end + 10, 5)) == b""
+    assert bytes(read_span(unbuffered_fd, end, 0)) == b""
+
+
+def test_a_span_longer_than_the_kept_buffer_is_read_whole(data_file, unbuffered_fd, monkeypatch):
+    _, payload = data_file
+    monkeypatch.setattr(direct_reads, "KEPT_BUFFER_BYTES", ALIGNMENT)
+    assert bytes(read_span(unbuffered_fd, 5, 3 * ALIGNMENT)) == payload[5 : 5 + 3 * ALIGNMENT]
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_read_into_an_aligned_or_unaligned_array(data_file, unbuffered_fd, aligned) -> None:
+    _, payload = data_file
+    memory = np.empty(3 * ALIGNMENT + ALIGNMENT, np.uint8)
+    skip = -memory.ctypes.data % ALIGNMENT + (0 if aligned else 8)
+    out = memory[skip : skip + 2 * ALIGNMENT]
+    assert read_into(unbuffered_fd, out, ALIGNMENT) == 2 * ALIGNMENT
+    assert out.tobytes() == payload[ALIGNMENT : 3 * ALIGNMENT]
+    tail = np.zeros(2 * ALIGNMENT, np.uint8)  # aligned, but the file ends inside it
+    got = read_into(unbuffered_fd, tail, 4 * ALIGNMENT)
+    assert got == ALIGNMENT + 123
+    assert tail[:got].tobytes() == payload[4 * ALIGNMENT :]
+
+
+def test_a_buffered_descriptor_reads_the_same(data_file) -> None:
+    path, payload = data_file
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert not direct_reads.unbuffered(fd)
+        assert bytes(read_span(fd, 100, 3 * ALIGNMENT)) == payload[100 : 100 + 3 * ALIGNMENT]
+        out = np.empty(1000, np.uint8)
+        assert read_into(fd, out, 7) == 1000 and out.tobytes() == payload[7:1007]
+    finally:
+        os.close(fd)
+
+
+def test_a_file_system_that_refuses_direct_reads_gets_buffered_ones(
+    data_file, unbuffered_fd, monkeypatch
+) -> None:
+    _, payload = data_file
+    calls = []
+    real = os.preadv
+
+    def refusing_once(fd, buffers, offset):
+        if not calls:
+            calls.append(offset)
+            raise OSError(22, "Invalid argument")  # EINVAL, as some FUSE file systems do
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_reads.os, "preadv", refusing_once)
+    assert bytes(read_span(unbuffered_fd, 10, 100)) == payload[10:110]
+    assert not direct_reads.unbuffered(unbuffered_fd), "switched back to the page cache"
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Path:
+    import tensorflow as tf
+
+    path = tmp_path / "records.tfrecord"
+    rng = np.random.default_rng(1)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for size in (5, 4096, 70_000, 4084, 1):
+            writer.write(rng.integers(0, 256, size, np.uint8).tobytes())
+    return path
+
+
+def _records(shard: Path, fd: int) -> list[bytes]:
+    offsets = scan_offsets(shard)
+    spans = zip(offsets.starts, offsets.lengths, strict=True)
+    return [read_record(fd, start, n, f"record {k}") for k, (start, n) in enumerate(spans)]
+
+
+def test_records_read_direct_are_the_records(shard: Path) -> None:
+    buffered, direct = os.open(shard, os.O_RDONLY), open_unbuffered(shard)
+    try:
+        assert _records(shard, direct) == _records(shard, buffered)
+        offsets = scan_offsets(shard)
+        start, length = int(offsets.starts[2]), int(offsets.lengths[2])
+        parts = [np.empty(30_000, np.uint8), np.empty(40_000, np.uint8)]
+        read_record_into(direct, start, length, "record 2", parts)
+        assert b"".join(part.tobytes() for part in parts) == _records(shard, buffered)[2]
+    finally:
+        os.close(buffered)
+        os.close(direct)
+
+
+def test_a_flipped_byte_or_a_cut_record_read_direct_is_an_error(shard: Path) -> None:
+    offsets = scan_offsets(shard)
+    start, length = int(offsets.starts[2]), int(offsets.lengths[2])
+    data = bytearray(shard.read_bytes())
+    data[start + 12 + 5000] ^= 0x40
+    shard.write_bytes(bytes(data))
+    fd = open_unbuffered(shard)
+    try:
+        with pytest.raises(RecordError, match="record 2: data CRC mismatch"):
+            read_record(fd, start, length, "record 2")
+        with pytest.raises(RecordError, match="record 2: data CRC mismatch"):
+            read_record_into(fd, start, length, "record 2", [np.empty(70_000, np.uint8)])
+    finally:
+        os.close(fd)
+    os.truncate(shard, start + 1000)
+    fd = open_unbuffered(shard)
+    try:
+        with pytest.raises(RecordError, match=r"record 2: truncated \(1000 of"):
+            read_record(fd, start, length, "record 2")
+        with pytest.raises(RecordError, match=r"record 2: truncated \(1000 of"):
+            read_record_into(fd, start, length, "record 2", [np.empty(70_000, np.uint8)])
+    finally:
+        os.close(fd)
+
+
+def test_pieces_in_flight_run_at_once_and_raise_the_first_error() -> None:
+    met = threading.Barrier(direct_reads.READS_IN_FLIGHT, timeout=10)
+    done = []
+
+    def read(piece: int) -> None:
+        met.wait()  # every piece must be running at once to pass
+        done.append(piece)
+
+    in_flight(read, list(range(direct_reads.READS_IN_FLIGHT)))
+    assert sorted(done) == list(range(direct_reads.READS_IN_FLIGHT))
+
+    def failing(piece: int) -> None:
+        if piece:
+            raise ValueError(f"piece {piece}")
+
+    with pytest.raises(ValueError, match="piece 1"):
+        in_flight(failing, [0, 1, 2])
+
+
+def test_a_forked_child_reads_in_flight_with_its_own_pool() -> None:
+    in_flight(lambda piece: None, [0, 1])  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:
+        try:
+            out = []
+            in_flight(out.append, [0, 1, 2])
+            os._exit(0 if sorted(out) == [0, 1, 2] else 1)
+        finally:
+            os._exit(2)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+@pytest.fixture
+def read_past_the_page_cache(monkeypatch):
+    """Every split and disk cache taken as larger than the page cache, and worth reading
+    direct whatever its records' size."""
+    from tfshards.readers.cache import store
+    from tfshards.sources import records
+
+    def install() -> None:
+        monkeypatch.setattr(records, "outgrows_page_cache", lambda nbytes: True)
+        monkeypatch.setattr(store, "outgrows_page_cache", lambda nbytes: True)
+        monkeypatch.setattr(direct_reads, "MIN_DIRECT_PIECE_BYTES", 0)
+
+    return install
+
+
+@pytest.fixture(scope="module", params=["raw", "deflate", "png"])
+def rgb(tmp_path_factory, request) -> Path:
+    """Raw records are read into their rows, deflate ones inflated, PNG ones decoded by
+    TensorFlow: three ways records leave a direct read."""
+    root = tmp_path_factory.mktemp("direct")
+    images, masks = write_pairs(root / "data", 24, size=(40, 36), classes=3)
+    out = root / "shards"
+    options = dict(num_shards=3, workers=1, progress=False, encoding=request.param)
+    tfshards.convert(images, masks, out, **options)
+    return out
+
+
+def _batches(dataset) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(image.numpy(), mask.numpy()) for image, mask in dataset]
+
+
+def _same(left, right) -> bool:
+    return len(left) == len(right) and all(
+        np.array_equal(a, c) and np.array_equal(b, d)
+        for (a, b), (c, d) in zip(left, right, strict=True)
+    )
+
+
+@pytest.mark.parametrize("image_dtype", ["uint8", "float32"])
+def test_a_read_past_the_page_cache_delivers_the_same_batches(
+    rgb, tmp_path, read_past_the_page_cache, image_dtype
+) -> None:
+    options = dict(batch_size=5, seed=3, image_dtype=image_dtype)
+    streamed = _batches(tfshards.read(rgb, **options))
+    read_past_the_page_cache()
+    dataset = tfshards.read(rgb, **options)
+    assert _same(_batches(dataset), streamed)
+    opened = dataset._tfshards_reader.records._files.values()
+    assert opened and all(direct_reads.unbuffered(fd) for fd in opened)
+    cache = tmp_path / "cache"
+    assert _same(_batches(tfshards.read(rgb, **options, cache=cache)), streamed)  # builds
+    warm = tfshards.read(rgb, **options, cache=cache)
+    assert _same(_batches(warm), streamed)  # reads the ready entry, direct
+    assert all(direct_reads.unbuffered(fd) for fd in warm._tfshards_reader.store._published)
+
+
+def test_a_changed_byte_read_past_the_page_cache_stops_the_read(
+    rgb, tmp_path, read_past_the_page_cache
+) -> None:
+    import shutil
+
+    import tensorflow as tf
+
+    shards = tmp_path / "shards"
+    shutil.copytree(rgb, shards)
+    options = dict(batch_size=4, seed=0, image_dtype="uint8", cache=tmp_path / "cache")
+    read_past_the_page_cache()
+    expected = _batches(tfshards.read(shards, **options))  # builds the entry
+    (entry,) = tfshards.list_caches(tmp_path / "cache")
+    pixels = entry.path / "ready" / "pairs.image"
+    data = bytearray(pixels.read_bytes())
+    data[7 * 40 * 36 * 3 + 100] ^= 0x10  # pair 7's image
+    pixels.write_bytes(bytes(data))
+    with pytest.raises(tf.errors.OpError, match="pair 7 does not match its checksum"):
+        _batches(tfshards.read(shards, **options))
+    assert _same(_batches(tfshards.read(shards, **options)), expected)  # built again
+    first = sorted(shards.glob("train-*.tfrecord"))[0]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    first.write_bytes(bytes(data))
+    with pytest.raises(tf.errors.OpError, match="CRC mismatch"):
+        _batches(tfshards.read(shards, batch_size=4, seed=0))
