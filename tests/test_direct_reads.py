@@ -251,7 +251,10 @@ def test_a_read_past_the_page_cache_delivers_the_same_batches(
     opened = dataset._tfshards_reader.records._files.values()
     assert opened and all(direct_reads.unbuffered(fd) for fd in opened)
     cache = tmp_path / "cache"
-    assert _same(_batches(tfshards.read(rgb, **options, cache=cache)), streamed)  # builds
+    building = tfshards.read(rgb, **options, cache=cache)
+    assert _same(_batches(building), streamed)
+    opened = building._tfshards_reader.records._files.values()
+    assert opened and not any(map(direct_reads.unbuffered, opened)), "built from the page cache"
     warm = tfshards.read(rgb, **options, cache=cache)
     assert _same(_batches(warm), streamed)  # reads the ready entry, direct
     assert all(direct_reads.unbuffered(fd) for fd in warm._tfshards_reader.store._published)

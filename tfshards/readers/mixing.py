@@ -589,6 +589,10 @@ class MixedRecords:
         for s, _, local in self.by_source(indices):
             self.parts[s].prefetch(local)
 
+    def read_through_page_cache(self) -> None:
+        for part in self.parts:
+            part.read_through_page_cache()
+
     def close(self) -> None:
         for part in self.parts:
             part.close()
