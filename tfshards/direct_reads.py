@@ -3,10 +3,11 @@
 A split (or a disk cache) larger than the memory a reader may use is read from the disk
 every epoch, each record once, so the page cache holds nothing a later read wants: it
 only costs. Each 4 KiB page is allocated, charged to the memory cgroup, copied out,
-then reclaimed. Reading 6,000 raw 512x512 records (6 GiB) under a 2 GiB limit in a
-shuffled order cost 0.47-0.52 ms of system CPU per record through the page cache, and
-0.16-0.18 ms (plus 0.04-0.08 ms of user CPU for the copy out of an aligned buffer) read
-direct (``benchmarks/studies/direct_reads.py``).
+then reclaimed. Reading 6,000 raw 512x512 records (6 GiB) under a 2 GiB limit in an
+epoch's order cost 0.42 ms of CPU per record through the page cache (0.40 of it system
+time), and 0.14 ms read direct (0.08 of it the copy out of the aligned buffer):
+``benchmarks/studies/direct_reads.py``. The whole reader: benchmarks/README.md, "Reads
+past the page cache".
 
 ``O_DIRECT`` wants offsets, lengths and memory aligned to the device's logical block;
 ``ALIGNMENT`` (4 KiB) covers 512-byte and 4 KiB blocks. A span anywhere in a file is

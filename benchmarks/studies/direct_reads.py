@@ -111,13 +111,15 @@ def child(job: dict) -> dict:
     from tfshards import direct_reads
     from tfshards.readers.order import EpochOrder, group_shards
     from tfshards.readers.shards import split_shards
+    from tfshards.sources import records as records_module
     from tfshards.sources.records import SplitRecords
 
     records = SplitRecords(split_shards(Path(job["dataset"]), job["split"]))
     way = job["way"]
     records.ask_ahead = way == "buffered"
     records.reads_direct = way != "buffered"
-    direct_reads.READS_IN_FLIGHT = 1 if way == "direct-1" else direct_reads.READS_IN_FLIGHT
+    if way == "direct-1":
+        records_module.READS_IN_FLIGHT = 1
     shards = records.shards.shards
     group = group_shards([shard.bytes for shard in shards], None)
     order = EpochOrder(tuple(shard.records for shard in shards), True, 0, group).records(0)

@@ -28,9 +28,9 @@ def usable_memory() -> int | None:
 def outgrows_page_cache(nbytes: int) -> bool:
     """Whether files of ``nbytes`` are larger than half the memory the process may use (or
     that memory is unknown): then each epoch reads them from the disk, not from the page
-    cache, and a reader asks for a batch's pieces all at once (``POSIX_FADV_WILLNEED``) so
-    the disk serves them as one queue; for files that stay cached, asking costs about
-    2.5 us per piece for nothing."""
+    cache, and a reader reads them past it (direct_reads.py) or asks for a batch's pieces
+    all at once (``POSIX_FADV_WILLNEED``) so the disk serves them as one queue; for files
+    that stay cached, asking costs about 2.5 us per piece for nothing."""
     memory = usable_memory()
     return memory is None or nbytes > memory / 2
 

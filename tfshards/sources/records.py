@@ -73,8 +73,9 @@ log = logging.getLogger("tfshards")
 def _ask_for_records(fd: int, offsets: RecordOffsets, locals_: np.ndarray) -> None:
     """Start reading a batch's records of one shard from the disk at once, so the reads
     that follow wait for a queue of them, not for one at a time (a split larger than the
-    page cache; readers/memory_limits.py ``outgrows_page_cache``): 512x512 raw uint8
-    streamed under a 2 GiB limit 1.19-1.28x as fast, float32 1.09-1.17x
+    page cache, read through it: small records, a file system without ``O_DIRECT``, a
+    disk cache being built; else it is read direct, see ``reads_direct``): 512x512 raw
+    uint8 streamed under a 2 GiB limit 1.19-1.28x as fast, float32 1.09-1.17x
     (benchmarks/README.md, "A batch's pairs asked for at once")."""
     for local in locals_:
         start, length = int(offsets.starts[local]), int(offsets.lengths[local])
