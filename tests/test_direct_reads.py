@@ -188,6 +188,36 @@ def test_pieces_in_flight_run_at_once_and_raise_the_first_error() -> None:
         in_flight(failing, [0, 1, 2])
 
 
+def test_a_caller_reads_its_own_pieces_while_the_pool_is_busy() -> None:
+    """tf.data runs several fetch calls at once: one that finds every worker taken reads
+    its batch itself instead of queueing behind the others' reads."""
+    release = threading.Event()
+    busy = threading.Thread(target=in_flight, args=(lambda _: release.wait(10), range(64)))
+    busy.start()  # holds every free worker, and its own thread
+    try:
+        done = []
+        other = threading.Thread(target=in_flight, args=(done.append, [0, 1, 2, 3]))
+        other.start()
+        other.join(5)
+        assert not other.is_alive() and sorted(done) == [0, 1, 2, 3]
+    finally:
+        release.set()
+        busy.join(10)
+
+
+def test_in_flight_from_a_pool_thread_reads_its_pieces_itself() -> None:
+    done = []
+
+    def outer(piece: int) -> None:
+        in_flight(lambda inner: done.append((piece, inner)), [0, 1, 2])
+
+    caller = threading.Thread(target=in_flight, args=(outer, list(range(8))))
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive(), "a nested call waited for the pool it runs on"
+    assert sorted(done) == [(p, i) for p in range(8) for i in range(3)]
+
+
 def test_a_forked_child_reads_in_flight_with_its_own_pool() -> None:
     in_flight(lambda piece: None, [0, 1])  # the parent's pool exists
     pid = os.fork()
@@ -286,3 +316,31 @@ def test_a_changed_byte_read_past_the_page_cache_stops_the_read(
     first.write_bytes(bytes(data))
     with pytest.raises(tf.errors.OpError, match="CRC mismatch"):
         _batches(tfshards.read(shards, batch_size=4, seed=0))
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])  # joined, or read apart
+def test_a_mix_building_its_caches_reads_every_dataset_through_the_page_cache(
+    rgb, tmp_path, read_past_the_page_cache, compression
+) -> None:
+    images, masks = write_pairs(tmp_path / "data", 12, size=(40, 36), classes=3, seed=1)
+    other = tmp_path / "other"
+    from tfshards.schemas import Manifest
+
+    encoding = Manifest.load(rgb).image.encoding  # a mix is of one encoding
+    options = dict(num_shards=2, workers=1, progress=False, encoding=encoding)
+    tfshards.convert(images, masks, other, compression=compression, **options)
+    read_past_the_page_cache()
+    sources = {"a": rgb, "b": other}
+    options = dict(weights={"a": 1, "b": 1}, batch_size=4, seed=0, image_dtype="uint8")
+    streamed = tfshards.read(sources, **options)
+    expected = _batches(streamed)
+    assert all(_reads_direct(streamed)), "a mix streams past the page cache"
+    building = tfshards.read(sources, **options, cache=tmp_path / "cache")
+    assert _same(_batches(building), expected)
+    assert not any(_reads_direct(building))
+
+
+def _reads_direct(dataset) -> list[bool]:
+    """Each dataset's: local ones are joined into one SplitRecords, others kept apart."""
+    records = dataset._tfshards_reader.records
+    return [part.reads_direct for part in getattr(records, "parts", [records])]

@@ -1,6 +1,6 @@
 """Reads that bypass the page cache (``O_DIRECT``), for files too large to stay in it.
 
-A split (or a disk cache) larger than the memory a reader may use is read from the disk
+A split (or a disk cache) larger than half the memory a reader may use is read from the disk
 every epoch, each record once, so the page cache holds nothing a later read wants: it
 only costs. Each 4 KiB page is allocated, charged to the memory cgroup, copied out,
 then reclaimed. Reading 6,000 raw 512x512 records (6 GiB) under a 2 GiB limit in an
@@ -15,10 +15,10 @@ read as the aligned span around it into a page-aligned buffer kept by each threa
 its bytes are taken from there (:func:`read_span`); a destination that is already
 aligned is read into directly (:func:`read_into`).
 
-Where ``O_DIRECT`` is missing (macOS, Windows) or refused (tmpfs refuses it when the
-file is opened, some FUSE file systems at the first read), reads go through the page
-cache as before: :func:`open_unbuffered` returns None, and a descriptor whose first
-direct read fails with ``EINVAL`` is switched back to buffered reads.
+Where ``O_DIRECT`` is missing (macOS, Windows) or refused (when the file is opened, as
+tmpfs did before Linux 6.6, or at the first read, as some FUSE file systems do), reads
+go through the page cache as before: :func:`open_unbuffered` returns None, and a
+descriptor whose direct read fails with ``EINVAL`` is switched back to buffered reads.
 """
 
 from __future__ import annotations
@@ -49,36 +49,71 @@ MIN_DIRECT_PIECE_BYTES = 64 * ALIGNMENT
 READS_IN_FLIGHT = 4
 _DIRECT = getattr(os, "O_DIRECT", 0)
 _buffers = threading.local()
+_in_pool = threading.local()  # marks the pool's own threads
 _pool: ThreadPoolExecutor | None = None
+_free_workers: threading.Semaphore | None = None
 _pool_lock = threading.Lock()
 
 
 def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
-    """``read(piece)`` for every piece at once: the first on this thread, the others on a
-    shared pool (their reads and copies let go of the GIL). Returns when all are done;
-    the first piece's error (in order) is raised."""
-    futures: list[Future] = [_shared_pool().submit(read, piece) for piece in pieces[1:]]
+    """``read(piece)`` for every piece at once: the first on this thread, each other on a
+    shared pool's worker when one is free (their reads and copies let go of the GIL), else
+    on this thread after the first. So many callers at once (tf.data's parallel fetch
+    calls) each keep reading rather than queue behind one another, and a call from a
+    pool thread runs all its pieces itself. Returns when all are done; the first piece's
+    error (in order) is raised."""
+    handed: dict[int, Future] = {}
+    own = [0]
+    pool, free = _shared_pool()
+    for number in range(1, len(pieces)):
+        if not getattr(_in_pool, "marked", False) and free.acquire(blocking=False):
+            handed[number] = pool.submit(_released_after, free, read, pieces[number])
+        else:
+            own.append(number)
+    errors: dict[int, BaseException] = {}
     try:
-        read(pieces[0])
+        for number in own:
+            read(pieces[number])
+    except BaseException as error:  # after the handed pieces are done: they write its arrays
+        errors[number] = error
     finally:
-        errors = [future.exception() for future in futures]  # waits for each
-    for error in errors:
-        if error is not None:
-            raise error
+        for at, future in handed.items():  # waits for each
+            if future.exception() is not None:
+                errors[at] = future.exception()
+    if errors:
+        raise errors[min(errors)]
 
 
-def _shared_pool() -> ThreadPoolExecutor:
-    global _pool
+def _released_after(free: threading.Semaphore, read: Callable, piece: object) -> None:
+    try:
+        read(piece)
+    finally:
+        free.release()
+
+
+def _shared_pool() -> tuple[ThreadPoolExecutor, threading.Semaphore]:
+    """The pool and its free workers: READS_IN_FLIGHT - 1 for every two cores this
+    process may run on (two callers at once on this project's 2-core VM)."""
+    global _pool, _free_workers
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(READS_IN_FLIGHT - 1, thread_name_prefix="tfshards-read")
-        return _pool
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+            workers = (READS_IN_FLIGHT - 1) * max(1, (cores or 2) // 2)
+            _free_workers = threading.Semaphore(workers)
+            _pool = ThreadPoolExecutor(
+                workers, thread_name_prefix="tfshards-read", initializer=_mark_pool_thread
+            )
+        return _pool, _free_workers
+
+
+def _mark_pool_thread() -> None:
+    _in_pool.marked = True
 
 
 def _forget_pool() -> None:
     """In a forked child: the parent's pool threads do not exist here."""
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+    global _pool, _free_workers, _pool_lock
+    _pool, _free_workers, _pool_lock = None, None, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

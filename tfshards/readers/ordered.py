@@ -472,8 +472,8 @@ def ordered_reader(plan, start, store: PairStore | None) -> OrderedReader:
     identity = read_identity(plan, schedule)
     step = start_step(start, identity, schedule)
     local = plan.records.downloads is None and not plan.records.kind.compressed
-    if store is not None and not store.ready:
-        plan.records.read_through_page_cache()  # a cache to build: see there
+    if store is not None and not store.ready and plan.cache.kind == "disk":
+        plan.records.read_through_page_cache()  # a disk cache to build: see there
     decoder = plan.decoder
     # Raw/deflate records of the size read (no resizing): decoded in the fetch call.
     resized = decoder.stored != decoder.shape

@@ -7,12 +7,12 @@ into the batch's array, never one tf.data element per pair. Not a memory map: un
 memory limit, a mapping's read-ahead read 1.1-1.2x the cache per epoch from disk and
 its pages counted in the reader's RSS (``benchmarks/larger_than_ram.py``); each read
 here reads its pair's bytes only (``POSIX_FADV_RANDOM``). An entry too large to stay in
-the page cache is read past it (``O_DIRECT``, direct_reads.py), each pair straight into
-its page-aligned row, four pairs of a batch at once: cached epochs at 512x512 under a
-2 GiB limit 1.28-1.40x as fast as through the page cache (benchmarks/README.md, "Reads
-past the page cache"). Where the file system refuses that, every pair of a batch is
-asked for (``POSIX_FADV_WILLNEED``) before the first is read, so the disk serves them as
-one queue.
+the page cache is read past it (``O_DIRECT``, direct_reads.py), four pairs of a batch at
+once, each straight into its page-aligned row when a row is whole 4 KiB blocks: cached
+epochs at 512x512 under a 2 GiB limit 1.28-1.40x as fast as through the page cache
+(benchmarks/README.md, "Reads past the page cache"). Where the file system refuses
+that, every pair of a batch is asked for (``POSIX_FADV_WILLNEED``) before the first is
+read, so the disk serves them as one queue.
 
 Building: every decoded batch is written at its records' places in a private
 ``.building-*`` folder, whatever the order; once every record has been written (in
@@ -482,9 +482,9 @@ def _opened_for_reading(folder: Path, *, unbuffered: bool) -> list[int]:
     descriptors = []
     for name in FLAT_FILES:
         fd = open_unbuffered(folder / name) if unbuffered else None
-        if fd is None:
-            fd = os.open(folder / name, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        fd = os.open(folder / name, os.O_RDONLY) if fd is None else fd
+        # Also when direct: it holds if the file system refuses that at the first read.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         descriptors.append(fd)
     return descriptors
 
