@@ -23,6 +23,7 @@ descriptor whose direct read fails with ``EINVAL`` is switched back to buffered 
 
 from __future__ import annotations
 
+import collections
 import errno
 import fcntl
 import logging
@@ -30,7 +31,7 @@ import mmap
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,59 +52,59 @@ _DIRECT = getattr(os, "O_DIRECT", 0)
 _buffers = threading.local()
 _in_pool = threading.local()  # marks the pool's own threads
 _pool: ThreadPoolExecutor | None = None
-_free_workers: threading.Semaphore | None = None
 _pool_lock = threading.Lock()
 
 
 def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
-    """``read(piece)`` for every piece at once: the first on this thread, each other on a
-    shared pool's worker when one is free (their reads and copies let go of the GIL), else
-    on this thread after the first. So many callers at once (tf.data's parallel fetch
-    calls) each keep reading rather than queue behind one another, and a call from a
-    pool thread runs all its pieces itself. Returns when all are done; the first piece's
-    error (in order) is raised."""
-    handed: dict[int, Future] = {}
-    own = [0]
-    pool, free = _shared_pool()
-    for number in range(1, len(pieces)):
-        if not getattr(_in_pool, "marked", False) and free.acquire(blocking=False):
-            handed[number] = pool.submit(_released_after, free, read, pieces[number])
-        else:
-            own.append(number)
+    """``read(piece)`` for every piece, several at once: this thread and up to
+    READS_IN_FLIGHT - 1 workers of a shared pool take the pieces from one queue (their
+    reads and copies let go of the GIL). This thread reads until the queue is empty, so
+    callers at once (tf.data's parallel fetch calls) never wait idle behind each other's
+    pieces, and a call from a pool thread reads all its pieces itself. Returns when every
+    piece is read; the first piece's error (in order) is then raised."""
+    queue = collections.deque(enumerate(pieces))
     errors: dict[int, BaseException] = {}
-    try:
-        for number in own:
-            read(pieces[number])
-    except BaseException as error:  # after the handed pieces are done: they write its arrays
-        errors[number] = error
-    finally:
-        for at, future in handed.items():  # waits for each
-            if future.exception() is not None:
-                errors[at] = future.exception()
+    settled = threading.Condition()
+    unread = [len(pieces)]
+
+    def take_pieces() -> None:
+        while True:
+            with settled:
+                if not queue:
+                    return
+                number, piece = queue.popleft()
+            try:
+                read(piece)
+            except BaseException as error:  # raised by the caller once every piece is read
+                errors[number] = error
+            finally:
+                with settled:
+                    unread[0] -= 1
+                    settled.notify_all()
+
+    if not getattr(_in_pool, "marked", False):
+        pool = _shared_pool()
+        for _ in range(min(len(pieces), READS_IN_FLIGHT) - 1):
+            pool.submit(take_pieces)  # a helper that starts late finds nothing left
+    take_pieces()
+    with settled:
+        settled.wait_for(lambda: unread[0] == 0)
     if errors:
         raise errors[min(errors)]
 
 
-def _released_after(free: threading.Semaphore, read: Callable, piece: object) -> None:
-    try:
-        read(piece)
-    finally:
-        free.release()
-
-
-def _shared_pool() -> tuple[ThreadPoolExecutor, threading.Semaphore]:
-    """The pool and its free workers: READS_IN_FLIGHT - 1 for every two cores this
-    process may run on (two callers at once on this project's 2-core VM)."""
-    global _pool, _free_workers
+def _shared_pool() -> ThreadPoolExecutor:
+    """The pool: READS_IN_FLIGHT - 1 workers for every two cores this process may run on
+    (two fetch calls at once on this project's 2-core VM)."""
+    global _pool
     with _pool_lock:
         if _pool is None:
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-            workers = (READS_IN_FLIGHT - 1) * max(1, (cores or 2) // 2)
-            _free_workers = threading.Semaphore(workers)
+            workers = (READS_IN_FLIGHT - 1) * max(1, cores // 2)
             _pool = ThreadPoolExecutor(
                 workers, thread_name_prefix="tfshards-read", initializer=_mark_pool_thread
             )
-        return _pool, _free_workers
+        return _pool
 
 
 def _mark_pool_thread() -> None:
@@ -112,8 +113,8 @@ def _mark_pool_thread() -> None:
 
 def _forget_pool() -> None:
     """In a forked child: the parent's pool threads do not exist here."""
-    global _pool, _free_workers, _pool_lock
-    _pool, _free_workers, _pool_lock = None, None, threading.Lock()
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
