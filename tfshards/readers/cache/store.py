@@ -9,7 +9,7 @@ its pages counted in the reader's RSS (``benchmarks/larger_than_ram.py``); each 
 here reads its pair's bytes only (``POSIX_FADV_RANDOM``). An entry too large to stay in
 the page cache is read past it (``O_DIRECT``, direct_reads.py), four pairs of a batch at
 once, each straight into its page-aligned row when a row is whole 4 KiB blocks: cached
-epochs at 512x512 under a 2 GiB limit 1.28-1.40x as fast as through the page cache
+epochs at 512x512 under a 2 GiB limit 1.24-1.33x as fast as through the page cache
 (benchmarks/README.md, "Reads past the page cache"). Where the file system refuses
 that, every pair of a batch is asked for (``POSIX_FADV_WILLNEED``) before the first is
 read, so the disk serves them as one queue.
