@@ -344,3 +344,23 @@ def _reads_direct(dataset) -> list[bool]:
     """Each dataset's: local ones are joined into one SplitRecords, others kept apart."""
     records = dataset._tfshards_reader.records
     return [part.reads_direct for part in getattr(records, "parts", [records])]
+
+
+def test_read_options_choose_direct_reads_or_not(rgb, tmp_path, read_past_the_page_cache):
+    expected = _batches(tfshards.read(rgb, batch_size=5, seed=3))
+    chosen = tfshards.read(
+        rgb, batch_size=5, seed=3, options=tfshards.ReadOptions(direct_reads=True)
+    )
+    assert _same(_batches(chosen), expected)
+    assert all(_reads_direct(chosen)), "True: direct whatever the split's size"
+    read_past_the_page_cache()  # the split now counts as too large for the page cache
+    never = tfshards.ReadOptions(direct_reads=False)
+    for cache in (None, tmp_path / "cache", tmp_path / "cache"):  # stream, build, read
+        dataset = tfshards.read(rgb, batch_size=5, seed=3, cache=cache, options=never)
+        assert _same(_batches(dataset), expected)
+        opened = dataset._tfshards_reader.records._files.values()
+        assert not any(map(direct_reads.unbuffered, opened))
+        store = dataset._tfshards_reader.store
+        assert store is None or not any(map(direct_reads.unbuffered, store._published))
+    with pytest.raises(tfshards.OptionsError, match="direct_reads"):
+        tfshards.ReadOptions(direct_reads="yes")

@@ -121,10 +121,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def pays_to_read_direct(total_bytes: int, pieces: int) -> bool:
-    """Whether files read from the disk each epoch (too large for the page cache), of
-    ``total_bytes`` in ``pieces`` read one by one, are better read direct."""
-    return bool(_DIRECT) and pieces > 0 and total_bytes / pieces >= MIN_DIRECT_PIECE_BYTES
+def reads_direct(chosen: bool | None, outgrows: bool, total_bytes: int, pieces: int) -> bool:
+    """Whether files of ``total_bytes`` in ``pieces`` read one by one are read direct: as
+    ``chosen`` (``ReadOptions.direct_reads``), or when None, when they outgrow the page
+    cache (``outgrows``) and their pieces are large enough for whole blocks to cost little."""
+    if not _DIRECT or chosen is False:
+        return False
+    if chosen:
+        return True
+    return outgrows and pieces > 0 and total_bytes / pieces >= MIN_DIRECT_PIECE_BYTES
 
 
 def open_unbuffered(path: str | os.PathLike) -> int | None:

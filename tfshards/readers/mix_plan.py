@@ -98,6 +98,7 @@ def _joined_records(parts: tuple[Part, ...]):
         shard_cache=options.shard_cache,
         shard_cache_limit=options.shard_cache_limit,
         storage_options=options.storage_options,
+        direct_reads=options.direct_reads,
     )
 
 

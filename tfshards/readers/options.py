@@ -56,6 +56,12 @@ class ReadOptions:
     crop_scale: with ``read(crop_size=...)``, scale each pair by a random factor in
         (low, high) before cropping (default: no scaling); the factor, as the crop's
         place, is drawn by (seed, epoch, batch, position in the batch).
+    direct_reads: read shards and a ready disk cache past the page cache (``O_DIRECT``).
+        None (default): when they are larger than half the memory the process may use
+        and their records average 256 KiB or more; False: never (a file system where
+        direct reads are slow, such as some network mounts); True: whenever the file
+        system allows, whatever their size. The epoch that builds a disk cache reads its
+        shards through the page cache in every case.
 
     A dataset at a URL (``s3://``, ``gs://``, any fsspec protocol) is read through a local
     shard cache:
@@ -78,6 +84,7 @@ class ReadOptions:
     shard_cache: str | os.PathLike | None = None
     shard_cache_limit: int | str | None = None
     download_ahead: int = 4
+    direct_reads: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shard_cache_limit, str):
@@ -87,6 +94,7 @@ class ReadOptions:
         for name in ("block_length", "parse_batch_size", "download_ahead"):
             checked_int(name, getattr(self, name), low=1)
         checked_bool("deterministic", self.deterministic, none=True)
+        checked_bool("direct_reads", self.direct_reads, none=True)
         if self.crop_scale is not None:
             _check_crop_scale(self.crop_scale)
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):

@@ -164,7 +164,8 @@ def pair_store(plan) -> PairStore | NativeStore | None:
         unchanged = unchanged_check(plan)
     if shape[0] is None:
         return NativeStore(records, shape[2], cache, unchanged)
-    return PairStore(records, shape, cache, unchanged=unchanged)
+    direct = plan.options.direct_reads
+    return PairStore(records, shape, cache, unchanged=unchanged, direct_reads=direct)
 
 
 def unchanged_check(plan):

@@ -267,6 +267,7 @@ def _split_records(shards: SplitShards, options: ReadOptions) -> SplitRecords:
         shard_cache=options.shard_cache,
         shard_cache_limit=options.shard_cache_limit,
         storage_options=options.storage_options,
+        direct_reads=options.direct_reads,
     )
 
 

@@ -87,6 +87,7 @@ class Pairs:
             shard_cache=options.shard_cache,
             shard_cache_limit=options.shard_cache_limit,
             storage_options=options.storage_options,
+            direct_reads=options.direct_reads,
         )
         self.transform = transform
         self.with_keys = with_keys

@@ -50,7 +50,7 @@ from tfshards.direct_reads import (
     READS_IN_FLIGHT,
     in_flight,
     open_unbuffered,
-    pays_to_read_direct,
+    reads_direct,
     unbuffered,
 )
 from tfshards.errors import DatasetChangedError, ManifestError, OptionsError
@@ -115,6 +115,7 @@ class SplitRecords:
         shard_cache: str | os.PathLike | None = None,
         shard_cache_limit: int | None = None,
         storage_options: storage.StorageOptions = None,
+        direct_reads: bool | None = None,
     ) -> None:
         self.shards = shards
         self.offsets_folder = offsets_folder or default_offsets_folder()
@@ -126,7 +127,7 @@ class SplitRecords:
         self.ask_ahead = outgrows_page_cache(split_bytes)
         # Each record read once an epoch from the disk: past the page cache, when its
         # records are large enough for whole aligned blocks to cost little (direct_reads.py).
-        self.reads_direct = self.ask_ahead and pays_to_read_direct(split_bytes, sum(counts))
+        self.reads_direct = reads_direct(direct_reads, self.ask_ahead, split_bytes, sum(counts))
         self.downloads: Downloads | None = None
         self.open_files = OPEN_FILES
         if shards.remote:

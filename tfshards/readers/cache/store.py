@@ -52,8 +52,8 @@ from tfshards.direct_reads import (
     READS_IN_FLIGHT,
     in_flight,
     open_unbuffered,
-    pays_to_read_direct,
     read_into,
+    reads_direct,
     unbuffered,
 )
 from tfshards.errors import TfshardsError
@@ -176,6 +176,7 @@ class PairStore(EntryFiles):
         shape: tuple[int, int, int],
         cache: DiskCache | None = None,
         unchanged: Callable[[], None] | None = None,
+        direct_reads: bool | None = None,
     ) -> None:
         self.records, self.shape, self.cache = records, shape, cache
         self.unchanged = unchanged  # raises when the shards changed since the read began
@@ -193,7 +194,9 @@ class PairStore(EntryFiles):
         self.ready = False
         entry_bytes = sum(flat_sizes(records, shape))
         self._ask_ahead = cache is not None and outgrows_page_cache(entry_bytes)
-        self._reads_direct = self._ask_ahead and pays_to_read_direct(entry_bytes, records)
+        self._reads_direct = cache is not None and reads_direct(
+            direct_reads, self._ask_ahead, entry_bytes, records
+        )
         if cache is not None and flat_ready(cache.ready, records, shape):
             self._checksums = _checksums_of(cache.ready, records)
             self._published = _opened_for_reading(cache.ready, unbuffered=self._reads_direct)
