@@ -364,3 +364,29 @@ def test_read_options_choose_direct_reads_or_not(rgb, tmp_path, read_past_the_pa
         assert store is None or not any(map(direct_reads.unbuffered, store._published))
     with pytest.raises(tfshards.OptionsError, match="direct_reads"):
         tfshards.ReadOptions(direct_reads="yes")
+
+
+def test_pairs_read_direct_give_the_same_pairs_here_and_in_a_forked_worker(rgb) -> None:
+    """tfshards.Pairs under a DataLoader's forked workers: each reads its own descriptors
+    and its own pool."""
+    buffered = tfshards.Pairs(rgb, options=tfshards.ReadOptions(direct_reads=False))
+    direct = tfshards.Pairs(rgb, options=tfshards.ReadOptions(direct_reads=True))
+    order = list(np.random.default_rng(2).permutation(len(buffered)))
+
+    def same(left, right) -> bool:
+        return all(
+            np.array_equal(a, c) and np.array_equal(b, d)
+            for (a, b), (c, d) in zip(left, right, strict=True)
+        )
+
+    expected = buffered.__getitems__(order)
+    assert same(direct.__getitems__(order), expected)
+    assert same([direct[i] for i in order[:3]], expected[:3])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if same(direct.__getitems__(order[::-1]), expected[::-1]) else 1)
+        finally:
+            os._exit(2)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert all(map(direct_reads.unbuffered, direct.records._files.values()))
