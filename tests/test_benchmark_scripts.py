@@ -38,7 +38,7 @@ def test_every_benchmark_and_study_parses_its_options():
         for p in [*BENCHMARKS.glob("*.py"), *(BENCHMARKS / "studies").glob("*.py")]
         if not p.name.startswith("_")
     )
-    assert len(scripts) == 22  # serial_share.py (issue 44), large_images.py (issue 46)
+    assert len(scripts) == 23  # serial_share.py, direct_reads.py (44), large_images.py (46)
     done = subprocess.run(
         [sys.executable, "-c", CHECK, *scripts],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
