@@ -390,3 +390,25 @@ def test_pairs_read_direct_give_the_same_pairs_here_and_in_a_forked_worker(rgb) 
             os._exit(2)
     assert os.waitpid(pid, 0)[1] == 0
     assert all(map(direct_reads.unbuffered, direct.records._files.values()))
+
+
+def test_a_forked_child_reads_into_a_buffer_of_its_own(data_file, unbuffered_fd) -> None:
+    """A DataLoader's forked workers inherit the thread's kept buffer: a shared mapping
+    would let a child's read overwrite the bytes its parent is about to copy out."""
+    _, payload = data_file
+    assert bytes(read_span(unbuffered_fd, 0, 10)) == payload[:10]  # the buffer exists
+    ready = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            read_span(unbuffered_fd, ALIGNMENT, 10)  # the child's read, at the parent's spot
+            os.write(ready[1], b"x")
+            os._exit(0)
+        finally:
+            os._exit(2)
+    span = read_span(unbuffered_fd, 0, 10)
+    os.read(ready[0], 1)  # the child has read
+    assert os.waitpid(pid, 0)[1] == 0
+    assert bytes(span) == payload[:10]
+    for fd in ready:
+        os.close(fd)

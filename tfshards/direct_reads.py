@@ -206,8 +206,15 @@ def _read_fully(fd: int, view: memoryview, offset: int, *, direct: bool = False)
 def _buffer(size: int) -> memoryview:
     """A page-aligned buffer of at least ``size`` bytes: this thread's, or a new one."""
     if size > KEPT_BUFFER_BYTES:
-        return memoryview(mmap.mmap(-1, size))[:size]
+        return _mapped(size)[:size]
     kept = getattr(_buffers, "memory", None)
     if kept is None or len(kept) < size:
-        kept = _buffers.memory = memoryview(mmap.mmap(-1, max(size, 2 * 2**20)))
+        kept = _buffers.memory = _mapped(max(size, 2 * 2**20))
     return kept[:size]
+
+
+def _mapped(size: int) -> memoryview:
+    """Page-aligned memory, private: a forked child (a DataLoader worker) that inherits a
+    thread's kept buffer copies it on write (a shared one let its reads overwrite the
+    bytes its parent was copying out)."""
+    return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
