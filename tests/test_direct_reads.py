@@ -412,3 +412,29 @@ def test_a_forked_child_reads_into_a_buffer_of_its_own(data_file, unbuffered_fd)
     assert bytes(span) == payload[:10]
     for fd in ready:
         os.close(fd)
+
+
+def test_ctrl_c_in_flight_stops_the_reads_and_is_raised_first() -> None:
+    """Ctrl-C (KeyboardInterrupt) during a batch read in flight: the other pieces are
+    not read, and no other piece's error takes its place."""
+    interrupted, done = threading.Event(), []
+
+    def read(piece: int) -> None:
+        if piece == 0:
+            interrupted.set()
+            raise KeyboardInterrupt
+        interrupted.wait(10)
+        done.append(piece)
+
+    with pytest.raises(KeyboardInterrupt):
+        in_flight(read, list(range(200)))
+    assert len(done) < 100
+
+    def failing(piece: int) -> None:
+        if piece == 1:
+            raise ValueError("a record's error")
+        if piece == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        in_flight(failing, [0, 1, 2, 3])

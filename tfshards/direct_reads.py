@@ -61,7 +61,8 @@ def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
     reads and copies let go of the GIL). This thread reads until the queue is empty, so
     callers at once (tf.data's parallel fetch calls) never wait idle behind each other's
     pieces, and a call from a pool thread reads all its pieces itself. Returns when every
-    piece is read; the first piece's error (in order) is then raised."""
+    piece is read; the first piece's error (in order) is then raised. A KeyboardInterrupt
+    (or another non-Exception) leaves the pieces not yet taken unread and is raised first."""
     queue = collections.deque(enumerate(pieces))
     errors: dict[int, BaseException] = {}
     settled = threading.Condition()
@@ -77,6 +78,10 @@ def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
                 read(piece)
             except BaseException as error:  # raised by the caller once every piece is read
                 errors[number] = error
+                if not isinstance(error, Exception):  # Ctrl-C, an exit: read no more
+                    with settled:
+                        unread[0] -= len(queue)
+                        queue.clear()
             finally:
                 with settled:
                     unread[0] -= 1
@@ -89,8 +94,8 @@ def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
     take_pieces()
     with settled:
         settled.wait_for(lambda: unread[0] == 0)
-    if errors:
-        raise errors[min(errors)]
+    if errors:  # an interruption first, else the first piece's error
+        raise min(errors.items(), key=lambda item: (isinstance(item[1], Exception), item[0]))[1]
 
 
 def _shared_pool() -> ThreadPoolExecutor:
