@@ -438,3 +438,24 @@ def test_ctrl_c_in_flight_stops_the_reads_and_is_raised_first() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         in_flight(failing, [0, 1, 2, 3])
+
+
+def test_a_truncated_disk_cache_read_direct_is_a_tfshards_error_naming_its_file(
+    rgb, tmp_path, read_past_the_page_cache
+) -> None:
+    import re
+
+    import tensorflow as tf
+
+    options = dict(batch_size=4, seed=0, image_dtype="uint8", cache=tmp_path / "cache")
+    options["options"] = tfshards.ReadOptions(direct_reads=True)
+    _batches(tfshards.read(rgb, **options))  # builds the entry
+    (entry,) = tfshards.list_caches(tmp_path / "cache")
+    pixels = entry.path / "ready" / "pairs.image"
+    dataset = tfshards.read(rgb, **options)
+    assert all(map(direct_reads.unbuffered, dataset._tfshards_reader.store._published))
+    os.truncate(pixels, pixels.stat().st_size // 2)  # while it is being read
+    with pytest.raises(tf.errors.OpError) as caught:
+        _batches(dataset)
+    named = f"CacheDamagedError: disk cache file {re.escape(str(pixels))} ended at byte"
+    assert re.search(named, caught.value.message)

@@ -221,6 +221,7 @@ class PairStore(EntryFiles):
         (images_fd, masks_fd), (images, masks) = self._published, out
         image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
         wrong, crc = [], checksum_of(images, masks)
+        image_file, mask_file = (self.cache.ready / name for name in FLAT_FILES)
 
         def read_rows(positions: np.ndarray) -> None:
             # Each pair is checked as soon as it is read, from the CPU's cache; a batch is
@@ -228,8 +229,8 @@ class PairStore(EntryFiles):
             for position in positions.tolist():
                 index = int(indices[position])
                 image, mask = images[position], masks[position]
-                _read_row(images_fd, image, index * image_bytes, FLAT_FILES[0])
-                _read_row(masks_fd, mask, index * mask_bytes, FLAT_FILES[1])
+                _read_row(images_fd, image, index * image_bytes, image_file)
+                _read_row(masks_fd, mask, index * mask_bytes, mask_file)
                 if _CHECKED and crc(position, index) != self._checksums[index]:
                     wrong.append(index)
 
@@ -501,12 +502,13 @@ def _ask_for_rows(fd: int, indices: np.ndarray, size: int) -> None:
         os.posix_fadvise(fd, int(index) * size, size, os.POSIX_FADV_WILLNEED)
 
 
-def _read_row(fd: int, row: np.ndarray, offset: int, name: str) -> None:
-    """One pair's bytes of a ready file into ``row``; the file was checked to be whole."""
+def _read_row(fd: int, row: np.ndarray, offset: int, path: Path) -> None:
+    """One pair's bytes of a ready file (``path``) into ``row``; the file was checked to
+    be whole."""
     got = read_into(fd, row, offset)
     if got < row.nbytes:
-        raise OSError(
-            f"disk cache file {name} ended at byte {offset + got}, before the pair it "
+        raise CacheDamagedError(
+            f"disk cache file {path} ended at byte {offset + got}, before the pair it "
             "holds there: it was truncated after it was published; run `tfshards cache "
             "clear` on the dataset and read again"
         )
