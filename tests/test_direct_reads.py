@@ -406,12 +406,12 @@ def test_a_forked_child_reads_into_a_buffer_of_its_own(data_file, unbuffered_fd)
             os._exit(0)
         finally:
             os._exit(2)
+    os.close(ready[1])
     span = read_span(unbuffered_fd, 0, 10)
-    os.read(ready[0], 1)  # the child has read
+    os.read(ready[0], 1)  # the child has read (or ended)
+    os.close(ready[0])
     assert os.waitpid(pid, 0)[1] == 0
     assert bytes(span) == payload[:10]
-    for fd in ready:
-        os.close(fd)
 
 
 def test_ctrl_c_in_flight_stops_the_reads_and_is_raised_first() -> None:
