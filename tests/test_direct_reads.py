@@ -3,6 +3,8 @@ offset and length, the end of a file, records checked as before, and reads in fl
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -216,6 +218,38 @@ def test_in_flight_from_a_pool_thread_reads_its_pieces_itself() -> None:
     caller.join(10)
     assert not caller.is_alive(), "a nested call waited for the pool it runs on"
     assert sorted(done) == [(p, i) for p in range(8) for i in range(3)]
+
+
+def test_a_collection_during_a_read_in_flight_may_wait_for_other_reads_in_flight() -> None:
+    """A garbage collection runs in whichever thread allocates, and may free a tf.data
+    iterator whose destructor waits for that iterator's calls in flight: those calls must
+    not wait for anything the collecting thread holds. concurrent.futures' submit held
+    two locks while it allocated, and a read, a fork (which takes one of them) and an
+    exit hung. Every collection here waits for another in_flight call, as a destructor
+    would."""
+    hung: list[str] = []
+    collections = itertools.count()
+
+    def wait_for_another_call(phase: str, info: dict) -> None:
+        if phase != "start" or next(collections) >= 40:
+            return
+        other = threading.Thread(target=in_flight, args=(lambda _: None, range(4)), daemon=True)
+        other.start()
+        other.join(5)
+        if other.is_alive():
+            hung.append(threading.current_thread().name)
+
+    kept: list[list[int]] = []  # freed objects would lower the count that starts a collection
+    threshold = gc.get_threshold()
+    gc.callbacks.append(wait_for_another_call)
+    gc.set_threshold(1)  # a collection at nearly every allocation
+    try:
+        in_flight(lambda piece: kept.extend([piece] for _ in range(500)), range(16))
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(wait_for_another_call)
+    assert not hung, f"a call in flight waited for a collecting thread: {hung}"
+    assert next(collections) >= 40, "too few collections to show anything"
 
 
 def test_a_forked_child_reads_in_flight_with_its_own_pool() -> None:

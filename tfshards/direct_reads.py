@@ -26,12 +26,13 @@ from __future__ import annotations
 import collections
 import errno
 import fcntl
+import itertools
 import logging
 import mmap
 import os
+import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,8 +52,6 @@ READS_IN_FLIGHT = 4
 _DIRECT = getattr(os, "O_DIRECT", 0)
 _buffers = threading.local()
 _in_pool = threading.local()  # marks the pool's own threads
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
 
 def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
@@ -62,64 +61,98 @@ def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
     callers at once (tf.data's parallel fetch calls) never wait idle behind each other's
     pieces, and a call from a pool thread reads all its pieces itself. Returns when every
     piece is read; the first piece's error (in order) is then raised. A KeyboardInterrupt
-    (or another non-Exception) leaves the pieces not yet taken unread and is raised first."""
-    queue = collections.deque(enumerate(pieces))
+    (or another non-Exception) leaves the pieces not yet taken unread and is raised first.
+
+    No lock is held while anything is allocated: an allocation may run a garbage
+    collection, which may free a tf.data iterator whose destructor waits for its calls in
+    flight, and a call that waited for that lock would never come back (a hang seen with
+    ``concurrent.futures``, whose ``submit`` allocates under two locks). So the queue is a
+    deque (atomic ``popleft``), pieces are counted by ``itertools.count`` and the caller
+    waits on a bare lock, released by whoever finishes the last piece."""
+    if not len(pieces):
+        return
+    untaken = collections.deque(enumerate(pieces))
     errors: dict[int, BaseException] = {}
-    settled = threading.Condition()
-    unread = [len(pieces)]
+    finished = itertools.count(1)
+    stopped: list[bool] = []  # not empty once a piece was interrupted
+    all_read = threading.Lock()
+    all_read.acquire()
 
     def take_pieces() -> None:
         while True:
-            with settled:
-                if not queue:
-                    return
-                number, piece = queue.popleft()
             try:
-                read(piece)
-            except BaseException as error:  # raised by the caller once every piece is read
+                number, piece = untaken.popleft()
+            except IndexError:
+                return
+            try:
+                if not stopped:
+                    read(piece)
+            except BaseException as error:  # raised by the caller once every piece is done
                 errors[number] = error
                 if not isinstance(error, Exception):  # Ctrl-C, an exit: read no more
-                    with settled:
-                        unread[0] -= len(queue)
-                        queue.clear()
+                    stopped.append(True)
             finally:
-                with settled:
-                    unread[0] -= 1
-                    settled.notify_all()
+                if next(finished) == len(pieces):
+                    all_read.release()
 
     if not getattr(_in_pool, "marked", False):
-        pool = _shared_pool()
         for _ in range(min(len(pieces), READS_IN_FLIGHT) - 1):
-            pool.submit(take_pieces)  # a helper that starts late finds nothing left
+            _pool.submit(take_pieces)  # a helper that starts late finds nothing left
     take_pieces()
-    with settled:
-        settled.wait_for(lambda: unread[0] == 0)
+    try:
+        all_read.acquire()
+    except BaseException:  # Ctrl-C while the workers read: they stop taking pieces
+        stopped.append(True)
+        raise
     if errors:  # an interruption first, else the first piece's error
         raise min(errors.items(), key=lambda item: (isinstance(item[1], Exception), item[0]))[1]
 
 
-def _shared_pool() -> ThreadPoolExecutor:
-    """The pool: READS_IN_FLIGHT - 1 workers for every two cores this process may run on
-    (two fetch calls at once on this project's 2-core VM)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-            workers = (READS_IN_FLIGHT - 1) * max(1, cores // 2)
-            _pool = ThreadPoolExecutor(
-                workers, thread_name_prefix="tfshards-read", initializer=_mark_pool_thread
-            )
-        return _pool
+class _ReadPool:
+    """Daemon threads that run the calls put in one queue, started at the first call.
+
+    Not ``concurrent.futures.ThreadPoolExecutor``: its ``submit`` allocates while it holds
+    two locks (see :func:`in_flight`), one of them taken at every ``os.fork`` too, and its
+    threads are joined at exit. Here a ``SimpleQueue`` (C code, no lock held across Python
+    code) carries the calls, and an exit never waits for a worker."""
+
+    def __init__(self, workers: int) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._unstarted = [f"tfshards-read-{n}" for n in range(workers)]
+
+    def submit(self, call: Callable[[], None]) -> None:
+        self._calls.put(call)
+        while self._unstarted:
+            try:
+                name = self._unstarted.pop()  # atomic: each worker is started once
+            except IndexError:
+                return
+            threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def _work(self) -> None:
+        _in_pool.marked = True
+        while True:
+            call = self._calls.get()
+            try:
+                call()
+            except Exception:  # in_flight's calls catch their own; keep the worker alive
+                log.exception("a read in flight failed outside its piece")
 
 
-def _mark_pool_thread() -> None:
-    _in_pool.marked = True
+def _pool_size() -> int:
+    """READS_IN_FLIGHT - 1 workers for every two cores this process may run on (two
+    fetch calls at once on this project's 2-core VM)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+    return (READS_IN_FLIGHT - 1) * max(1, cores // 2)
+
+
+_pool = _ReadPool(_pool_size())
 
 
 def _forget_pool() -> None:
     """In a forked child: the parent's pool threads do not exist here."""
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+    global _pool
+    _pool = _ReadPool(_pool_size())
 
 
 if hasattr(os, "register_at_fork"):
