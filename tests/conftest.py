@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from pathlib import Path
 
@@ -14,6 +15,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 pytest_plugins = ["s3_server"]
 
 MEMBRANE = Path(__file__).resolve().parents[2] / "shared" / "data" / "membrane"
+# A session whose process has not ended this long after its last test is hung at exit.
+EXIT_HANG_SECONDS = 120
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A hang at exit (a thread that never ends, a lock never released) prints every
+    thread's stack and fails the run, instead of waiting for CI's time limit: pytest-timeout
+    only watches the tests, and one such hang cost a whole CI run (issue 44)."""
+    faulthandler.dump_traceback_later(EXIT_HANG_SECONDS, exit=True)
 
 
 def write_pairs(

@@ -208,7 +208,9 @@ def _hung(process: subprocess.Popen) -> str:
 
 @pytest.mark.parametrize("when", ["workers starting", "workers importing", "a shard done"])
 def test_ctrl_c_prints_one_line_saying_how_to_finish(tmp_path, when):
-    images, masks = write_pairs(tmp_path / "data", 160, size=(96, 96))
+    # 480 pairs: about a second of conversion here, so a busy machine still interrupts it
+    # before the end (160 finished first in a run beside other tests' load)
+    images, masks = write_pairs(tmp_path / "data", 480, size=(96, 96))
     out = tmp_path / "out"
     done = _interrupted(images, masks, out, when)
     assert done.returncode == 130, f"finished before the interrupt: {done.stderr}"
