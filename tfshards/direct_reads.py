@@ -206,11 +206,11 @@ def read_into(fd: int, out: np.ndarray, offset: int) -> int:
     """Bytes of ``fd``'s file from ``offset`` into ``out`` (C-contiguous), as many as it
     holds or the file has; how many were read."""
     view = memoryview(out).cast("B")
-    aligned = offset % ALIGNMENT == 0 and len(view) % ALIGNMENT == 0
-    if aligned and out.ctypes.data % ALIGNMENT == 0 and unbuffered(fd):
-        return _read_aligned(fd, view, offset)
-    if not unbuffered(fd):
+    if not unbuffered(fd):  # asked once: a system call (0.3 us here)
         return _read_fully(fd, view, offset)
+    aligned = offset % ALIGNMENT == 0 and len(view) % ALIGNMENT == 0
+    if aligned and out.ctypes.data % ALIGNMENT == 0:
+        return _read_aligned(fd, view, offset)
     span = read_span(fd, offset, len(view))
     flat = out.reshape(-1).view(np.uint8)
     flat[: len(span)] = np.frombuffer(span, np.uint8)  # NumPy's copy lets go of the GIL
