@@ -207,6 +207,24 @@ def test_a_caller_reads_its_own_pieces_while_the_pool_is_busy() -> None:
         busy.join(10)
 
 
+def test_without_a_thread_to_start_the_caller_reads_every_piece(monkeypatch) -> None:
+    """A process at its thread limit (or Python 3.12+ exiting) cannot start the pool's
+    workers: the caller reads every piece itself, and a later call starts them."""
+    pool = direct_reads._ReadPool(2)
+    monkeypatch.setattr(direct_reads, "_pool", pool)
+
+    def refused(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", refused)
+        readers = []
+        in_flight(lambda _: readers.append(threading.current_thread().name), range(6))
+    assert readers == [threading.current_thread().name] * 6
+    met = threading.Barrier(3, timeout=10)
+    in_flight(lambda _: met.wait(), range(3))  # passes only with both workers reading
+
+
 def test_in_flight_from_a_pool_thread_reads_its_pieces_itself() -> None:
     done = []
 

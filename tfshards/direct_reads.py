@@ -127,7 +127,11 @@ class _ReadPool:
                 name = self._unstarted.pop()  # atomic: each worker is started once
             except IndexError:
                 return
-            threading.Thread(target=self._work, name=name, daemon=True).start()
+            try:
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+            except RuntimeError:  # no thread to be had (a limit, the interpreter exiting)
+                self._unstarted.append(name)  # tried again at the next call
+                return  # meanwhile each caller reads all its pieces itself
 
     def _work(self) -> None:
         _in_pool.marked = True
