@@ -93,13 +93,7 @@ def _joined_records(parts: tuple[Part, ...]):
         first.shards.root,
     )
     options = first.options
-    return SplitRecords(
-        joined,
-        shard_cache=options.shard_cache,
-        shard_cache_limit=options.shard_cache_limit,
-        storage_options=options.storage_options,
-        direct_reads=options.direct_reads,
-    )
+    return SplitRecords.for_options(joined, options)
 
 
 def _source_plans(sources: Mapping[str, Source], a: dict[str, Any]) -> dict[str, ReadPlan]:

@@ -262,13 +262,7 @@ def _no_cache_across_pipelines(cache: CachePlan, pipelines: int, records: int) -
 
 
 def _split_records(shards: SplitShards, options: ReadOptions) -> SplitRecords:
-    return SplitRecords(
-        shards,
-        shard_cache=options.shard_cache,
-        shard_cache_limit=options.shard_cache_limit,
-        storage_options=options.storage_options,
-        direct_reads=options.direct_reads,
-    )
+    return SplitRecords.for_options(shards, options)
 
 
 def _group_shards(shards: SplitShards, options: ReadOptions) -> int:

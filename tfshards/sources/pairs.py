@@ -82,13 +82,7 @@ class Pairs:
         checked_bool("with_keys", with_keys)
         options = read_options(options)
         shards = split_shards(path, split, storage_options=options.storage_options)
-        self.records = SplitRecords(
-            shards,
-            shard_cache=options.shard_cache,
-            shard_cache_limit=options.shard_cache_limit,
-            storage_options=options.storage_options,
-            direct_reads=options.direct_reads,
-        )
+        self.records = SplitRecords.for_options(shards, options)
         self.transform = transform
         self.with_keys = with_keys
         self.manifest = shards.manifest

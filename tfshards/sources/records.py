@@ -42,6 +42,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -62,6 +63,9 @@ from tfshards.schemas.tfrecord import RecordError
 from tfshards.sources.folders import reset_in_forked_children, user_cache_dir
 from tfshards.sources.inflated import default_inflated_folder, inflated_copy
 from tfshards.sources.shard_cache import ShardCache, shard_cache_key
+
+if TYPE_CHECKING:
+    from tfshards.readers.options import ReadOptions
 
 OPEN_FILES = 64  # descriptors kept open per process, least recently used closed first
 MIN_CACHED_SHARDS = 3  # a shard cache limit must hold this many of the largest shards
@@ -139,6 +143,18 @@ class SplitRecords:
         else:
             self.identities = [_opened_identity(path) for path in shards.paths]
         self._reset()
+
+    @classmethod
+    def for_options(cls, shards: SplitShards, options: ReadOptions) -> SplitRecords:
+        """The records of ``shards`` read as ``options`` says (the shard cache, fsspec's
+        options, direct reads): how the readers and ``tfshards.Pairs`` open a split."""
+        return cls(
+            shards,
+            shard_cache=options.shard_cache,
+            shard_cache_limit=options.shard_cache_limit,
+            storage_options=options.storage_options,
+            direct_reads=options.direct_reads,
+        )
 
     def _reset(self) -> None:
         self._offsets: dict[int, RecordOffsets] = {}
