@@ -161,18 +161,31 @@ def test_verify_on_an_unfinished_or_empty_folder_is_one_line(tmp_path, capsys):
         assert "--resume" in err
 
 
-def _interrupted(images: Path, masks: Path, out: Path, when: str) -> subprocess.CompletedProcess:
-    """Run the CLI in its own process group and Ctrl-C the whole group (as a terminal does)."""
-    # -X faulthandler (inherited by the workers): a hang is shown with every thread's stack.
-    command = [sys.executable, "-X", "faulthandler", "-m", "tfshards.cli"]
-    command += convert_args(images, masks, out)[1:]
-    process = subprocess.Popen(
+def _start_in_own_group(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
         [*command, "--workers", "2", "--num-shards", "8"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+
+
+def _interrupted(images: Path, masks: Path, out: Path, when: str) -> subprocess.CompletedProcess:
+    """Run the CLI in its own process group and Ctrl-C the whole group (as a terminal does)."""
+    # -X faulthandler (inherited by the workers): a hang is shown with every thread's stack.
+    command = [sys.executable, "-X", "faulthandler", "-m", "tfshards.cli"]
+    command += convert_args(images, masks, out)[1:]
+    # A test run started in the background (`cmd &`, nohup) ignores SIGINT, and an ignored
+    # signal stays ignored in the children: give the CLI Ctrl-C as a terminal would.
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = _start_in_own_group(command)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     work = out / ".tfshards-work"
     deadline = time.monotonic() + 60
     while process.poll() is None and time.monotonic() < deadline:
@@ -208,9 +221,7 @@ def _hung(process: subprocess.Popen) -> str:
 
 @pytest.mark.parametrize("when", ["workers starting", "workers importing", "a shard done"])
 def test_ctrl_c_prints_one_line_saying_how_to_finish(tmp_path, when):
-    # 480 pairs: about a second of conversion here, so a busy machine still interrupts it
-    # before the end (160 finished first in a run beside other tests' load)
-    images, masks = write_pairs(tmp_path / "data", 480, size=(96, 96))
+    images, masks = write_pairs(tmp_path / "data", 160, size=(96, 96))
     out = tmp_path / "out"
     done = _interrupted(images, masks, out, when)
     assert done.returncode == 130, f"finished before the interrupt: {done.stderr}"
