@@ -7,6 +7,8 @@ import gc
 import itertools
 import os
 import threading
+import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +227,26 @@ def test_without_a_thread_to_start_the_caller_reads_every_piece(monkeypatch) -> 
     in_flight(lambda _: met.wait(), range(3))  # passes only with both workers reading
 
 
+def test_without_a_thread_to_start_no_call_waits_for_one(monkeypatch) -> None:
+    """Calls queued for workers that could not start waited for them with their batches'
+    arrays: at a thread limit, every batch's memory for as long as the process ran."""
+    monkeypatch.setattr(direct_reads, "_pool", direct_reads._ReadPool(2))
+
+    def refused(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+    class Batch:  # a piece that can be watched being freed
+        pass
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    pieces = [Batch() for _ in range(4)]
+    freed = [weakref.ref(piece) for piece in pieces]
+    in_flight(lambda _: None, pieces)
+    del pieces
+    gc.collect()
+    assert not any(ref() for ref in freed), "a queued call keeps the pieces it was for"
+
+
 def test_in_flight_from_a_pool_thread_reads_its_pieces_itself() -> None:
     done = []
 
@@ -236,6 +258,27 @@ def test_in_flight_from_a_pool_thread_reads_its_pieces_itself() -> None:
     caller.join(10)
     assert not caller.is_alive(), "a nested call waited for the pool it runs on"
     assert sorted(done) == [(p, i) for p in range(8) for i in range(3)]
+
+
+def test_an_idle_worker_keeps_nothing_of_the_pieces_it_read(monkeypatch) -> None:
+    """A worker waiting for the next call kept the last one, and with it that batch's
+    arrays and its reader (open descriptors) until the next read, if ever."""
+    monkeypatch.setattr(direct_reads, "_pool", direct_reads._ReadPool(1))
+
+    class Batch:  # a piece that can be watched being freed
+        pass
+
+    met = threading.Barrier(2, timeout=10)  # the worker reads one of the two pieces
+    pieces = [Batch(), Batch()]
+    freed = [weakref.ref(piece) for piece in pieces]
+    in_flight(lambda _: met.wait(), pieces)
+    del pieces
+    for _ in range(500):  # the worker may still be leaving the call: wait up to 5 s
+        gc.collect()
+        if not any(ref() for ref in freed):
+            break
+        time.sleep(0.01)
+    assert not any(ref() for ref in freed), "an idle worker keeps the pieces it read"
 
 
 def test_a_collection_during_a_read_in_flight_may_wait_for_other_reads_in_flight() -> None:

@@ -118,20 +118,26 @@ class _ReadPool:
 
     def __init__(self, workers: int) -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._started: list[str] = []  # only grows: a popped name may yet go back
         self._unstarted = [f"tfshards-read-{n}" for n in range(workers)]
 
     def submit(self, call: Callable[[], None]) -> None:
-        self._calls.put(call)
+        """Queue ``call`` for a worker; dropped while none could be started, as a queued
+        call would keep its batch's arrays until one starts, if ever (its caller reads
+        every piece itself meanwhile)."""
         while self._unstarted:
             try:
                 name = self._unstarted.pop()  # atomic: each worker is started once
             except IndexError:
-                return
+                break
             try:
                 threading.Thread(target=self._work, name=name, daemon=True).start()
             except RuntimeError:  # no thread to be had (a limit, the interpreter exiting)
                 self._unstarted.append(name)  # tried again at the next call
-                return  # meanwhile each caller reads all its pieces itself
+                break
+            self._started.append(name)
+        if self._started:
+            self._calls.put(call)
 
     def _work(self) -> None:
         _in_pool.marked = True
@@ -141,6 +147,8 @@ class _ReadPool:
                 call()
             except Exception:  # in_flight's calls catch their own; keep the worker alive
                 log.exception("a read in flight failed outside its piece")
+            # Not kept while waiting for the next: it holds its batch's arrays and reader.
+            del call
 
 
 def _pool_size() -> int:
