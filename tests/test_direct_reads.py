@@ -535,6 +535,36 @@ def test_ctrl_c_in_flight_stops_the_reads_and_is_raised_first() -> None:
         in_flight(failing, [0, 1, 2, 3])
 
 
+def test_ctrl_c_between_the_callers_pieces_stops_the_workers_too(monkeypatch) -> None:
+    """A Ctrl-C lands between any two bytecodes: one raised in the caller outside a read
+    (here, while it counts a piece) left the workers reading the rest of the batch after
+    in_flight had raised."""
+    monkeypatch.setattr(direct_reads, "_pool", direct_reads._ReadPool(1))
+    caller, interrupted, done = threading.current_thread(), threading.Event(), []
+    by_caller: list[int] = []
+
+    class Pieces(list):
+        def __len__(self) -> int:
+            if by_caller and not interrupted.is_set():  # the caller's piece is being counted
+                interrupted.set()
+                raise KeyboardInterrupt
+            return super().__len__()
+
+    def read(piece: int) -> None:
+        if threading.current_thread() is caller:
+            by_caller.append(piece)
+        else:
+            interrupted.wait(10)
+        done.append(piece)
+
+    with pytest.raises(KeyboardInterrupt):
+        in_flight(read, Pieces(range(50)))
+    idle = threading.Event()
+    direct_reads._pool.submit(idle.set)  # runs once the worker has left in_flight's call
+    assert idle.wait(10)
+    assert len(done) <= 2, f"{len(done)} pieces read, after the interruption"
+
+
 def test_a_truncated_disk_cache_read_direct_is_a_tfshards_error_naming_its_file(
     rgb, tmp_path, read_past_the_page_cache
 ) -> None:

@@ -98,10 +98,10 @@ def in_flight(read: Callable[[object], None], pieces: Sequence) -> None:
     if not getattr(_in_pool, "marked", False):
         for _ in range(min(len(pieces), READS_IN_FLIGHT) - 1):
             _pool.submit(take_pieces)  # a helper that starts late finds nothing left
-    take_pieces()
     try:
+        take_pieces()
         all_read.acquire()
-    except BaseException:  # Ctrl-C while the workers read: they stop taking pieces
+    except BaseException:  # Ctrl-C outside a read, or while the workers read: they stop
         stopped.append(True)
         raise
     if errors:  # an interruption first, else the first piece's error
