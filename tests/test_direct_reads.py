@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_pairs
+from conftest import mixed_sizes, write_pairs
 
 import tfshards
 from tfshards import direct_reads
@@ -580,6 +580,26 @@ def test_a_truncated_disk_cache_read_direct_is_a_tfshards_error_naming_its_file(
     dataset = tfshards.read(rgb, **options)
     assert all(map(direct_reads.unbuffered, dataset._tfshards_reader.store._published))
     os.truncate(pixels, pixels.stat().st_size // 2)  # while it is being read
+    with pytest.raises(tf.errors.OpError) as caught:
+        _batches(dataset)
+    named = f"CacheDamagedError: disk cache file {re.escape(str(pixels))} ended at byte"
+    assert re.search(named, caught.value.message)
+
+
+def test_a_truncated_native_size_disk_cache_is_a_tfshards_error_naming_its_file(tmp_path):
+    """The store of pairs at their own sizes (native.py) reads its rows the same way, and
+    names the whole path of a file cut short too (it named only ``pairs.image``)."""
+    import re
+
+    import tensorflow as tf
+
+    shards = mixed_sizes(tmp_path / "mixed")
+    options = dict(batch_size=1, seed=0, cache=tmp_path / "cache")
+    _batches(tfshards.read(shards, **options))  # builds the entry
+    (entry,) = tfshards.list_caches(tmp_path / "cache")
+    pixels = entry.path / "ready" / "pairs.image"
+    dataset = tfshards.read(shards, **options)
+    os.truncate(pixels, pixels.stat().st_size // 2)
     with pytest.raises(tf.errors.OpError) as caught:
         _batches(dataset)
     named = f"CacheDamagedError: disk cache file {re.escape(str(pixels))} ended at byte"

@@ -118,7 +118,7 @@ class _ReadPool:
 
     def __init__(self, workers: int) -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._started: list[str] = []  # only grows: a popped name may yet go back
+        self._any_started = False  # only ever set: a popped name may yet go back
         self._unstarted = [f"tfshards-read-{n}" for n in range(workers)]
 
     def submit(self, call: Callable[[], None]) -> None:
@@ -135,8 +135,8 @@ class _ReadPool:
             except RuntimeError:  # no thread to be had (a limit, the interpreter exiting)
                 self._unstarted.append(name)  # tried again at the next call
                 break
-            self._started.append(name)
-        if self._started:
+            self._any_started = True
+        if self._any_started:
             self._calls.put(call)
 
     def _work(self) -> None:

@@ -202,7 +202,7 @@ def plan_read(path: str | os.PathLike, **arguments: Any) -> ReadPlan:
         downloads=downloads,
         ram_budget=autotune_ram_budget(),
         unordered=unordered,
-        records=None if unordered else _split_records(shards, options),
+        records=None if unordered else SplitRecords.for_options(shards, options),
         group_shards=_group_shards(shards, options),
         selection=selection,
         labels=None if labels is None else MaskLabels.of([labels], [0]),
@@ -259,10 +259,6 @@ def _no_cache_across_pipelines(cache: CachePlan, pipelines: int, records: int) -
         "pipeline decodes only its slice), or cache with one input pipeline (no "
         "input_context: strategy.experimental_distribute_dataset splits its batches)"
     )
-
-
-def _split_records(shards: SplitShards, options: ReadOptions) -> SplitRecords:
-    return SplitRecords.for_options(shards, options)
 
 
 def _group_shards(shards: SplitShards, options: ReadOptions) -> int:

@@ -35,7 +35,6 @@ from tfshards.readers.cache.store import (
     Flusher,
     Publisher,
     _crc32_at,
-    _read_row,
     _written_whole,
     damaged_message,
     discard_ready,
@@ -127,8 +126,8 @@ class NativeStore(EntryFiles):
             image_at, mask_at, height, width = (int(n) for n in self._index[index])
             image = np.empty((height, width, self.channels), np.uint8)
             mask = np.empty((height, width, 1), np.uint8)
-            _read_row(self._published[0], image, image_at, FLAT_FILES[0])
-            _read_row(self._published[1], mask, mask_at, FLAT_FILES[1])
+            self._read_row(self._published[0], image, image_at, FLAT_FILES[0])
+            self._read_row(self._published[1], mask, mask_at, FLAT_FILES[1])
             if pair_crc(index, image, mask) != self._checksums[index]:
                 wrong.append(index)
             images.append(image)

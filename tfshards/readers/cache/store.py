@@ -132,8 +132,8 @@ def _crc32_at() -> Callable[[int, int, int], int] | None:
 
 
 class EntryFiles:
-    """close() and __del__ of a store's files (PairStore, and native.py's NativeStore):
-    both hold the same descriptors, build folder, flusher and publisher."""
+    """Reading a row, close() and __del__ of a store's files (PairStore, and native.py's
+    NativeStore): both hold the same descriptors, build folder, flusher and publisher."""
 
     _lock: threading.Lock
     _publisher: Publisher | None
@@ -142,6 +142,18 @@ class EntryFiles:
     _files: list[int] | None
     _folder: Path | None
     _closed: bool
+    cache: DiskCache | None
+
+    def _read_row(self, fd: int, row: np.ndarray, offset: int, name: str) -> None:
+        """One pair's bytes of the ready file ``name`` into ``row``; the file was checked
+        to be whole when opened, and one cut short since is named in the error."""
+        got = read_into(fd, row, offset)
+        if got < row.nbytes:
+            raise CacheDamagedError(
+                f"disk cache file {self.cache.ready / name} ended at byte {offset + got}, "
+                "before the pair it holds there: it was truncated after it was published; "
+                "run `tfshards cache clear` on the dataset and read again"
+            )
 
     def close(self) -> None:
         """Close the store's files (it reads and writes nothing after this); a build left
@@ -221,7 +233,6 @@ class PairStore(EntryFiles):
         (images_fd, masks_fd), (images, masks) = self._published, out
         image_bytes, mask_bytes = images[0].nbytes, masks[0].nbytes
         wrong, crc = [], checksum_of(images, masks)
-        image_file, mask_file = (self.cache.ready / name for name in FLAT_FILES)
 
         def read_rows(positions: np.ndarray) -> None:
             # Each pair is checked as soon as it is read, from the CPU's cache; a batch is
@@ -229,8 +240,8 @@ class PairStore(EntryFiles):
             for position in positions.tolist():
                 index = int(indices[position])
                 image, mask = images[position], masks[position]
-                _read_row(images_fd, image, index * image_bytes, image_file)
-                _read_row(masks_fd, mask, index * mask_bytes, mask_file)
+                self._read_row(images_fd, image, index * image_bytes, FLAT_FILES[0])
+                self._read_row(masks_fd, mask, index * mask_bytes, FLAT_FILES[1])
                 if _CHECKED and crc(position, index) != self._checksums[index]:
                     wrong.append(index)
 
@@ -500,18 +511,6 @@ def _ask_for_rows(fd: int, indices: np.ndarray, size: int) -> None:
     four (benchmarks/studies/hardware_bounds.py)."""
     for index in indices:
         os.posix_fadvise(fd, int(index) * size, size, os.POSIX_FADV_WILLNEED)
-
-
-def _read_row(fd: int, row: np.ndarray, offset: int, path: Path) -> None:
-    """One pair's bytes of a ready file (``path``) into ``row``; the file was checked to
-    be whole."""
-    got = read_into(fd, row, offset)
-    if got < row.nbytes:
-        raise CacheDamagedError(
-            f"disk cache file {path} ended at byte {offset + got}, before the pair it "
-            "holds there: it was truncated after it was published; run `tfshards cache "
-            "clear` on the dataset and read again"
-        )
 
 
 def flat_ready(folder: Path, records: int, shape: tuple[int, int, int]) -> bool:
